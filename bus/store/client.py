@@ -1,0 +1,227 @@
+"""The store: events in, events and query results out, over clickhouse-connect.
+
+`chdb://PATH` runs ClickHouse in this process; `http(s)://[user:pass@]host:port[/database]`
+talks to a server. A chdb data directory can be open in one process only, so a read-only open
+of a directory held by another process goes through that process's loopback endpoint.
+Every thread gets its own client: chdb sessions must not be shared by threads that insert.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import clickhouse_connect
+import pyarrow as pa
+from clickhouse_connect.driver.client import Client
+
+from rlbus.bus.store.arrow import arrow_to_events, events_to_arrow
+from rlbus.bus.store.columns import columns_of
+from rlbus.bus.store.ddl import quote
+from rlbus.bus.store.endpoint import Endpoint
+from rlbus.bus.store.holder import ENDPOINT_FILE, holder_pid, read_endpoint
+from rlbus.bus.store.migrate import migrate
+from rlbus.bus.store.sqltext import read_only_problem
+from rlbus.schemas.events import Event
+
+E = TypeVar("E", bound=Event)
+
+DEFAULT_URL = "chdb://./rlbus-data"
+
+
+class StoreError(RuntimeError):
+    """A store that cannot be opened or used as asked; the message says what to do."""
+
+
+class StoreLockedError(StoreError):
+    """The chdb data directory is held by another process."""
+
+
+@dataclass(frozen=True)
+class Rows:
+    columns: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+
+
+class Store:
+    """Use `open_store`. Safe to share between threads."""
+
+    def __init__(self, url: str, *, read_only: bool, data_dir: Path | None = None,
+                 server_url: str | None = None):
+        self.url = url
+        self.read_only = read_only
+        self.data_dir = data_dir
+        """The chdb data directory, when this process holds it."""
+        self.via = server_url if url.startswith("chdb://") else None
+        """The endpoint of the process holding the chdb store, when reading through it."""
+        self._server_url = server_url
+        self._local = threading.local()
+        self._clients: list[Client] = []
+        self._lock = threading.Lock()
+        self._endpoint: Endpoint | None = None
+        self._closed = False
+
+    def _client(self) -> Client:
+        client: Client | None = getattr(self._local, "client", None)
+        if client is not None:
+            return client
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"store {self.url} is closed")
+            if self.data_dir is not None:
+                client = clickhouse_connect.get_client(interface="chdb", path=str(self.data_dir))
+            else:
+                client = clickhouse_connect.get_client(dsn=self._server_url)
+            self._clients.append(client)
+        self._local.client = client
+        return client
+
+    def _check_read(self, sql: str) -> None:
+        if self.read_only and (problem := read_only_problem(sql)):
+            raise StoreError(f"store {self.url} is open read-only: {problem}")
+
+    def _check_write(self, what: str) -> None:
+        if self.read_only:
+            raise StoreError(f"cannot {what}: store {self.url} is open read-only")
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Rows:
+        self._check_read(sql)
+        result = self._client().query(sql, parameters=parameters)
+        return Rows(tuple(result.column_names), result.result_rows)
+
+    def query_arrow(self, sql: str, parameters: dict[str, Any] | None = None) -> pa.Table:
+        self._check_read(sql)
+        return self._client().query_arrow(sql, parameters=parameters, use_strings=True)
+
+    def query_raw(self, sql: str, fmt: str = "TabSeparated",
+                  parameters: dict[str, Any] | None = None) -> bytes:
+        """The result as ClickHouse formats it (`fmt`, unless the SQL ends in its own FORMAT)."""
+        self._check_read(sql)
+        return self._client().raw_query(sql, parameters=parameters, fmt=fmt)
+
+    def command(self, sql: str) -> Any:
+        """Run a statement that changes the store (DDL, OPTIMIZE, ...)."""
+        self._check_write(f"run {sql[:60]!r}")
+        return self._client().command(sql)
+
+    def migrate(self) -> list[str]:
+        """Apply pending migrations; returns the names applied now."""
+        self._check_write("migrate")
+        return migrate(self._client())
+
+    def insert_events(self, events: Sequence[Event], positions: Sequence[tuple[int, int]],
+                      dedup_token: str) -> int:
+        """Insert events of one kind with their Kafka (partition, offset) positions, as one block.
+
+        A block re-sent with the same `dedup_token` (e.g. its topic-partition-offset range) is
+        dropped by ClickHouse; an empty token falls back to deduplicating identical blocks.
+        Returns the number of rows sent.
+        """
+        self._check_write("insert events")
+        if not events:
+            return 0
+        table = events_to_arrow(events, positions)
+        settings = {"insert_deduplication_token": dedup_token} if dedup_token else None
+        self._client().insert_arrow(type(events[0]).table, table, settings=settings)
+        return table.num_rows
+
+    def read_events(self, kind: type[E], where: str = "", final: bool = True,
+                    parameters: dict[str, Any] | None = None) -> list[E]:
+        """Stored events of `kind` in ORDER BY order; `where` is a SQL condition, and FINAL
+        collapses duplicates of an event_id that merges have not removed yet."""
+        select = ", ".join(quote(c.name) for c in columns_of(kind))
+        sql = (
+            f"SELECT {select} FROM {quote(kind.table)}{' FINAL' if final else ''}"
+            f"{f' WHERE {where}' if where else ''} ORDER BY {', '.join(map(quote, kind.order_by))}"
+        )
+        return arrow_to_events(kind, self.query_arrow(sql, parameters))
+
+    def serve(self, host: str = "127.0.0.1", port: int = 0) -> Endpoint:
+        """Serve read-only queries to other processes until the store closes (chdb stores only)."""
+        if self.data_dir is None:
+            raise StoreError(f"only the process holding a chdb store can serve it; {self.url} is not one")
+        if self._endpoint is None:
+            self._client()  # the engine must be up before the endpoint's connections join it
+            self._endpoint = Endpoint(self.data_dir, host, port)
+        return self._endpoint
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            clients, self._clients = self._clients, []
+        if self._endpoint is not None:
+            self._endpoint.close()
+        for client in clients:
+            client.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _migrated(store: Store) -> Store:
+    if not store.read_only:
+        try:
+            store.migrate()
+        except BaseException:
+            store.close()
+            raise
+    return store
+
+
+def _live(endpoint_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{endpoint_url}/ping", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _open_chdb(url: str, path: str, read_only: bool) -> Store:
+    data_dir = Path(os.path.realpath(path))
+    pid = holder_pid(data_dir)
+    if pid is None or pid == os.getpid():
+        if read_only and not data_dir.is_dir():
+            raise StoreError(f"no store at {data_dir} ({url}): nothing has written there yet")
+        return _migrated(Store(url, read_only=read_only, data_dir=data_dir))
+    holder = f"process {pid}" if pid > 0 else "another process"
+    if not read_only:
+        raise StoreLockedError(
+            f"{data_dir} ({url}) is held by {holder}; a chdb store has one writing process. "
+            "Stop it, or point store.url at a ClickHouse server to share one store."
+        )
+    endpoint_url = read_endpoint(data_dir)
+    if endpoint_url and _live(endpoint_url):
+        return Store(url, read_only=True, server_url=endpoint_url)
+    found = (f"its endpoint {endpoint_url} does not answer" if endpoint_url
+             else f"it serves no read-only endpoint (no {data_dir / ENDPOINT_FILE})")
+    raise StoreLockedError(
+        f"{data_dir} ({url}) is held by {holder} and {found}. Wait for it to start serving "
+        "(store.serve_http = true), stop it, or query a copy of the directory."
+    )
+
+
+def open_store(url: str = DEFAULT_URL, *, read_only: bool = False) -> Store:
+    """Open a store. A writable open applies pending migrations first.
+
+    `chdb://PATH` (relative or `chdb:///absolute`) or `http(s)://[user:pass@]host:port[/db]`.
+    Read-only opens of a chdb directory held by another process go through its endpoint;
+    writable ones fail with StoreLockedError.
+    """
+    if url.startswith("chdb://"):
+        path = url.removeprefix("chdb://")
+        if not path:
+            raise StoreError(f"{url!r} names no directory; use chdb://PATH, e.g. {DEFAULT_URL}")
+        return _open_chdb(url, path, read_only)
+    if url.startswith(("http://", "https://")):
+        return _migrated(Store(url, read_only=read_only, server_url=url))
+    raise StoreError(f"unsupported store url {url!r}: use chdb://PATH or http(s)://host:port[/database]")

@@ -1,0 +1,220 @@
+"""A read-only ClickHouse HTTP interface for a chdb store, served on loopback by its holder.
+
+Only one process can open a chdb data directory, so the process that holds it (the sink)
+answers other processes' queries: clickhouse-connect's HTTP client and `rlbus sql` connect to
+it as to a ClickHouse server. Each request runs on its own chdb connection, in its own thread,
+so it never shares a session with the holder's inserting thread. Responses close the
+connection (HTTP/1.0), which lets shutdown wait for in-flight requests without waiting on idle
+keep-alive clients.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import uuid
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
+
+import chdb
+
+from rlbus.bus.store.ddl import quote
+from rlbus.bus.store.holder import endpoint_file
+from rlbus.bus.store.sqltext import SqlTextError, read_only_problem, split_statements, trailing_format
+
+READONLY = 164
+"""ClickHouse's READONLY error code, which the refusals carry."""
+STD_EXCEPTION = 1001
+
+# URL parameters that steer the HTTP interface itself; every other one is a query setting.
+_TRANSPORT_PARAMS = frozenset({
+    "query", "database", "default_format", "user", "password", "quota_key", "query_id",
+    "session_id", "session_timeout", "session_check", "compress", "decompress", "buffer_size",
+    "wait_end_of_query", "client_protocol_version", "role", "enable_http_compression",
+    "send_progress_in_http_headers", "http_headers_progress_interval_ms", "readonly",
+})
+_STATUS_BY_CODE = {62: HTTPStatus.BAD_REQUEST, 60: HTTPStatus.NOT_FOUND, 81: HTTPStatus.NOT_FOUND,
+                   READONLY: HTTPStatus.FORBIDDEN}
+_CODE = re.compile(r"Code: (\d+)")
+_TEXT_FORMATS = ("TabSeparated", "TSV", "CSV", "Pretty", "Vertical", "Markdown", "Values")
+
+
+class QueryError(Exception):
+    """A request that fails with a ClickHouse error code and message."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+    def body(self) -> bytes:
+        return f"Code: {self.code}. DB::Exception: {self}\n".encode()
+
+
+def _content_type(fmt: str) -> str:
+    if fmt.startswith("JSON"):
+        return "application/json; charset=UTF-8"
+    if fmt.startswith(_TEXT_FORMATS):
+        return "text/plain; charset=UTF-8"
+    return "application/octet-stream"
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], engine_path: str, timezone: str):
+        super().__init__(address, _Handler)
+        self.engine_path = engine_path
+        self.timezone = timezone
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "rlbus-store"
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    def do_POST(self) -> None:
+        self._handle()
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Queries are not logged: the holder's stderr belongs to the run."""
+
+    def _handle(self) -> None:
+        url = urlsplit(self.path)
+        params = dict(parse_qsl(url.query, keep_blank_values=True))
+        if url.path in ("/ping", "/") and self.command == "GET" and "query" not in params:
+            self._reply(HTTPStatus.OK, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"})
+            return
+        if url.path != "/":
+            self._reply(HTTPStatus.NOT_FOUND, f"no handler for {url.path}\n".encode(), {})
+            return
+        try:
+            body, headers = self._run(params, self._body())
+        except QueryError as exc:
+            status = _STATUS_BY_CODE.get(exc.code, HTTPStatus.INTERNAL_SERVER_ERROR)
+            self._reply(status, exc.body(), {"X-ClickHouse-Exception-Code": str(exc.code),
+                                             "Content-Type": "text/plain; charset=UTF-8"})
+            return
+        self._reply(HTTPStatus.OK, body, headers)
+
+    def _body(self) -> str:
+        if self.headers.get("Content-Encoding", "identity") != "identity":
+            raise QueryError(READONLY, "compressed request bodies are not accepted: this endpoint "
+                                       "only reads, and only inserts are sent compressed")
+        if "multipart/form-data" in self.headers.get("Content-Type", ""):
+            raise QueryError(1, "form-encoded queries are not supported; send the query as the body")
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            raw = self._chunked_body()
+        else:
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            return raw.decode()
+        except UnicodeDecodeError as exc:
+            raise QueryError(READONLY, f"the request body is not UTF-8 SQL ({exc}); "
+                                       "data uploads are not accepted") from None
+
+    def _chunked_body(self) -> bytes:
+        chunks = []
+        while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+            chunks.append(self.rfile.read(size))
+            self.rfile.readline()
+        while self.rfile.readline().strip():  # trailer fields
+            pass
+        return b"".join(chunks)
+
+    def _run(self, params: dict[str, str], body: str) -> tuple[bytes, dict[str, str]]:
+        sql = "\n".join(part for part in (params.get("query", ""), body) if part)
+        try:
+            problem = read_only_problem(sql)
+        except SqlTextError as exc:
+            raise QueryError(62, f"cannot parse the query: {exc}") from None
+        if problem:
+            raise QueryError(READONLY, f"rlbus store endpoint (pid {os.getpid()}): {problem}. "
+                                       "Writes go through the process that holds the store.")
+        statement = split_statements(sql)[0]
+        fmt = params.get("default_format") or "TabSeparated"
+        bind = {k.removeprefix("param_"): v for k, v in params.items() if k.startswith("param_")}
+        settings = {k: v for k, v in params.items()
+                    if k not in _TRANSPORT_PARAMS and not k.startswith("param_")}
+        connection = chdb.connect(self.server.engine_path)
+        try:
+            # readonly=2 still lets a client change settings, but not readonly itself.
+            connection.query("SET readonly = 2")
+            for name, value in settings.items():
+                connection.query(f"SET {quote(name)} = '{_escape(value)}'")
+            if database := params.get("database"):
+                connection.query(f"USE {quote(database)}")
+            result = connection.query(statement, fmt, params=bind or None)
+        except Exception as exc:
+            message = str(exc)
+            match = _CODE.search(message)
+            raise QueryError(int(match.group(1)) if match else STD_EXCEPTION,
+                             message.split("DB::Exception: ", 1)[-1]) from None
+        finally:
+            connection.close()
+        fmt = trailing_format(statement) or fmt
+        summary = {"read_rows": str(result.rows_read()), "read_bytes": str(result.bytes_read()),
+                   "elapsed_ns": str(int(result.elapsed() * 1e9))}
+        return result.bytes(), {
+            "Content-Type": _content_type(fmt),
+            "X-ClickHouse-Format": fmt,
+            "X-ClickHouse-Timezone": self.server.timezone,
+            "X-ClickHouse-Query-Id": params.get("query_id") or str(uuid.uuid4()),
+            "X-ClickHouse-Summary": json.dumps(summary),
+        }
+
+    def _reply(self, status: HTTPStatus, body: bytes, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+class Endpoint:
+    """Serves read-only queries on the chdb data directory this process holds; announces its
+    URL in `<dir>/.rlbus-endpoint` until closed."""
+
+    def __init__(self, data_dir: Path, host: str = "127.0.0.1", port: int = 0):
+        engine_path = os.path.realpath(data_dir)
+        probe = chdb.connect(engine_path)
+        try:
+            timezone = probe.query("SELECT timezone()", "TabSeparated").bytes().decode().strip()
+        finally:
+            probe.close()
+        self._server = _Server((host, port), engine_path, timezone)
+        bound_host, bound_port = self._server.server_address[:2]
+        self.url = f"http://{bound_host}:{bound_port}"
+        self._file = endpoint_file(Path(engine_path))
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
+            name="rlbus-store-endpoint", daemon=True,
+        )
+        self._thread.start()
+        staging = self._file.with_name(f"{self._file.name}.{os.getpid()}")
+        staging.write_text(self.url + "\n")
+        staging.replace(self._file)
+
+    def close(self) -> None:
+        """Stop serving, wait for in-flight requests, and withdraw the URL file."""
+        if not self._thread.is_alive():
+            return
+        try:
+            if self._file.read_text().strip() == self.url:
+                self._file.unlink()
+        except FileNotFoundError:
+            pass
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()

@@ -1,0 +1,47 @@
+"""Which process holds a chdb data directory, and where it serves read-only queries.
+
+The engine flocks `<dir>/status` and writes its PID there. chdb reports a second process's
+failure to take that lock only as "Error initializing EmbeddedServer", so the store probes the
+lock itself first to be able to say what is going on.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+from pathlib import Path
+
+ENDPOINT_FILE = ".rlbus-endpoint"
+"""Written into the data directory by the holder's endpoint: the URL it serves on."""
+
+
+def holder_pid(data_dir: Path) -> int | None:
+    """PID of the process holding the engine lock on `data_dir` (possibly this one), or None."""
+    status = data_dir / "status"
+    try:
+        fd = os.open(status, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            match = re.search(rb"PID: (\d+)", os.pread(fd, 256, 0))
+            # A holder that has not written its PID yet is still a holder.
+            return int(match.group(1)) if match else -1
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def endpoint_file(data_dir: Path) -> Path:
+    return data_dir / ENDPOINT_FILE
+
+
+def read_endpoint(data_dir: Path) -> str | None:
+    try:
+        return endpoint_file(data_dir).read_text().strip() or None
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,141 @@
+"""Just enough of ClickHouse's lexer to split a script on `;` and to tell a read from a write.
+
+Quotes, heredocs and comments follow ClickHouse's rules, so a `;` or a keyword inside them
+changes nothing. Where this lexer and ClickHouse could disagree, it errs towards seeing more
+statements and more keywords: the read-only endpoint then refuses a query rather than running
+a hidden second statement.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterator
+
+
+class SqlTextError(ValueError):
+    """SQL text that cannot be lexed (an unterminated quote or comment); says where."""
+
+
+class Tok(enum.Enum):
+    WORD = "word"
+    QUOTED = "quoted"
+    COMMENT = "comment"
+    SEMICOLON = "semicolon"
+    OTHER = "other"
+
+
+READ_STATEMENTS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXISTS", "EXPLAIN")
+
+_WORD = re.compile(r"[^\W\d][\w$]*")
+_HEREDOC = re.compile(r"\$(\w*)\$")
+_SPACE = " \t\r\n\f\v"
+
+
+def _quoted_end(sql: str, start: int) -> int:
+    """End of a '...', "..." or `...` token: backslash escapes, and a doubled quote is literal."""
+    quote, i, n = sql[start], start + 1, len(sql)
+    while i < n:
+        c = sql[i]
+        if c == "\\":
+            i += 2
+        elif c == quote:
+            if sql[i + 1 : i + 2] != quote:
+                return i + 1
+            i += 2
+        else:
+            i += 1
+    raise SqlTextError(f"unterminated {quote} quote starting at position {start}: {sql[start:start + 40]!r}")
+
+
+def _block_comment_end(sql: str, start: int) -> int:
+    """ClickHouse block comments nest."""
+    depth, i = 0, start
+    while i < len(sql):
+        if sql.startswith("/*", i):
+            depth, i = depth + 1, i + 2
+        elif sql.startswith("*/", i):
+            depth, i = depth - 1, i + 2
+            if depth == 0:
+                return i
+        else:
+            i += 1
+    raise SqlTextError(f"unterminated /* comment starting at position {start}")
+
+
+def tokens(sql: str) -> Iterator[tuple[Tok, int, int]]:
+    """(kind, start, end) of each token; whitespace is skipped."""
+    i, n = 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c in _SPACE:
+            i += 1
+            continue
+        if sql.startswith("--", i) or (c == "#" and sql[i + 1 : i + 2] in (" ", "!")):
+            # Only "\n" ends a line comment in ClickHouse ("\r" does not).
+            end = sql.find("\n", i)
+            end = n if end < 0 else end + 1
+            kind = Tok.COMMENT
+        elif sql.startswith("/*", i):
+            end, kind = _block_comment_end(sql, i), Tok.COMMENT
+        elif c in "'\"`":
+            end, kind = _quoted_end(sql, i), Tok.QUOTED
+        elif c == "$" and (heredoc := _HEREDOC.match(sql, i)):
+            close = sql.find(heredoc.group(0), heredoc.end())
+            if close < 0:
+                raise SqlTextError(f"unterminated {heredoc.group(0)} heredoc starting at position {i}")
+            end, kind = close + len(heredoc.group(0)), Tok.QUOTED
+        elif word := _WORD.match(sql, i):
+            end, kind = word.end(), Tok.WORD
+        elif c == ";":
+            end, kind = i + 1, Tok.SEMICOLON
+        else:
+            end, kind = i + 1, Tok.OTHER
+        yield kind, i, end
+        i = end
+
+
+def split_statements(sql: str) -> list[str]:
+    """The statements of a script, without their `;`; statements of only comments are dropped."""
+    statements: list[str] = []
+    first = last = -1
+    for kind, start, end in (*tokens(sql), (Tok.SEMICOLON, len(sql), len(sql))):
+        if kind is Tok.SEMICOLON:
+            if first >= 0:
+                statements.append(sql[first:last])
+            first = last = -1
+        elif kind is not Tok.COMMENT:
+            first = start if first < 0 else first
+            last = end
+    return statements
+
+
+def words(statement: str) -> list[str]:
+    """Bare words outside quotes and comments, upper-cased."""
+    return [statement[s:e].upper() for kind, s, e in tokens(statement) if kind is Tok.WORD]
+
+
+def read_only_problem(sql: str) -> str | None:
+    """Why `sql` is not exactly one read-only statement, or None when it is."""
+    statements = split_statements(sql)
+    if not statements:
+        return "empty query"
+    if len(statements) > 1:
+        return f"{len(statements)} statements in one request; send one statement at a time"
+    significant = [(k, sql[s:e]) for k, s, e in tokens(statements[0]) if k is not Tok.COMMENT]
+    lead = next((text for kind, text in significant if text != "("), "")
+    if lead.upper() not in READ_STATEMENTS:
+        return (f"{lead.upper() or lead!r} statements are not allowed: this endpoint is read-only "
+                f"(allowed: {', '.join(READ_STATEMENTS)})")
+    upper = words(statements[0])
+    if any(a == "INTO" and b == "OUTFILE" for a, b in zip(upper, upper[1:])):
+        return "INTO OUTFILE is not allowed: this endpoint is read-only"
+    return None
+
+
+def trailing_format(statement: str) -> str | None:
+    """The name in a trailing `FORMAT name` clause, if the statement ends with one."""
+    significant = [statement[s:e] for k, s, e in tokens(statement) if k is not Tok.COMMENT]
+    if len(significant) >= 2 and significant[-2].upper() == "FORMAT" and _WORD.fullmatch(significant[-1]):
+        return significant[-1]
+    return None

@@ -1,0 +1,89 @@
+"""Read safetensors checkpoints through fsspec and check them against a model before use.
+
+A checkpoint is a single `.safetensors` file or a directory of them (Hugging Face layout,
+sharded or not), at any fsspec URL (`file://`, `s3://`, `memory://`, a plain path...).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+
+import fsspec
+import torch
+from safetensors.torch import load as load_safetensors_bytes
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit the served model; the message says why."""
+
+
+def checkpoint_files(uri: str) -> tuple[fsspec.AbstractFileSystem, list[str]]:
+    """The safetensors files a checkpoint URI names, in load order."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    if not fs.exists(path):
+        raise CheckpointError(f"checkpoint {uri} does not exist")
+    if not fs.isdir(path):
+        return fs, [path]
+    index = posixpath.join(path, "model.safetensors.index.json")
+    if fs.exists(index):
+        with fs.open(index, "rb") as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        return fs, [posixpath.join(path, name) for name in shards]
+    files = sorted(p for p in fs.ls(path, detail=False) if p.endswith(".safetensors"))
+    if not files:
+        raise CheckpointError(f"checkpoint directory {uri} holds no .safetensors files")
+    return fs, files
+
+
+def read_checkpoint(uri: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint, on CPU."""
+    fs, files = checkpoint_files(uri)
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        with fs.open(file, "rb") as f:
+            raw = f.read()
+        try:
+            tensors.update(load_safetensors_bytes(raw))
+        except Exception as exc:  # safetensors raises its own error types for corrupt headers
+            raise CheckpointError(f"cannot parse {file} from {uri}: {exc}") from exc
+    return tensors
+
+
+def match_parameters(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+    """Pair every model parameter with its checkpoint tensor, or fail naming what is wrong.
+
+    Tied parameters (one tensor under several names, e.g. lm_head and embed_tokens) need one
+    of their names in the checkpoint. A partial or mis-shaped checkpoint is refused whole,
+    so the model never serves a mix of two versions.
+    """
+    names_of: dict[int, list[str]] = {}
+    params: dict[int, torch.nn.Parameter] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(param), []).append(name)
+        params[id(param)] = param
+    known = {name for names in names_of.values() for name in names}
+    unknown = sorted(set(tensors) - known)
+    missing: list[str] = []
+    misshaped: list[str] = []
+    pairs: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+    for key, names in names_of.items():
+        found = next((n for n in names if n in tensors), None)
+        if found is None:
+            missing.append(names[0])
+            continue
+        tensor, param = tensors[found], params[key]
+        if tuple(tensor.shape) != tuple(param.shape):
+            misshaped.append(f"{found}: checkpoint {tuple(tensor.shape)} vs model {tuple(param.shape)}")
+            continue
+        pairs.append((param, tensor))
+    problems = []
+    if missing:
+        problems.append(f"missing {len(missing)} parameters (first: {missing[:3]})")
+    if unknown:
+        problems.append(f"{len(unknown)} names the model does not have (first: {unknown[:3]})")
+    if misshaped:
+        problems.append(f"shape mismatches: {misshaped[:3]}")
+    if problems:
+        raise CheckpointError("checkpoint does not fit the served model: " + "; ".join(problems))
+    return pairs

@@ -1,0 +1,3 @@
+from rlbus.cli import app
+
+app(prog_name="rlbus")

@@ -1,0 +1,1 @@
+"""CLI commands, one module per area; `rlbus.cli` assembles them."""

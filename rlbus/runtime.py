@@ -1,0 +1,75 @@
+"""Where a local run keeps its state, and how other commands find its embedded broker.
+
+`rlbus broker`, `rlbus quickstart` and `rlbus run` write the embedded broker's address to
+`<data dir>/.rlbus-broker`; commands with no `kafka.bootstrap_servers` configured use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+from rlbus.bus import EmbeddedBroker
+from rlbus.config import Settings
+
+BROKER_FILE = ".rlbus-broker"
+
+
+def data_dir(settings: Settings) -> Path:
+    """The chdb store's directory; for a server store, ./rlbus-data still holds local state."""
+    url = settings.store.url
+    return Path(url[len("chdb://"):]) if url.startswith("chdb://") else Path("rlbus-data")
+
+
+def _reachable(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def discover_bootstrap(settings: Settings) -> str | None:
+    """The configured bootstrap servers, else a live embedded broker's address from its file."""
+    if settings.kafka.bootstrap_servers:
+        return settings.kafka.bootstrap_servers
+    path = data_dir(settings) / BROKER_FILE
+    if path.exists():
+        address = path.read_text().strip()
+        if _reachable(address):
+            return address
+    return None
+
+
+def require_bootstrap(settings: Settings) -> Settings:
+    """Settings with bootstrap servers filled in, or a message saying how to get a broker."""
+    address = discover_bootstrap(settings)
+    if address is None:
+        raise SystemExit(
+            "no Kafka broker: pass --kafka.bootstrap-servers HOST:PORT (or set "
+            "RLBUS_KAFKA__BOOTSTRAP_SERVERS), or start one with `rlbus broker`")
+    return settings.model_copy(update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": address})})
+
+
+@contextlib.contextmanager
+def local_broker(settings: Settings) -> Iterator[Settings]:
+    """Use the configured broker, or start an embedded one for the duration and advertise it."""
+    if settings.kafka.bootstrap_servers:
+        yield settings
+        return
+    directory = data_dir(settings)
+    directory.mkdir(parents=True, exist_ok=True)
+    with EmbeddedBroker(log_path=directory / "broker.log") as broker:
+        path = directory / BROKER_FILE
+        path.write_text(broker.bootstrap_servers)
+        try:
+            yield settings.model_copy(
+                update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": broker.bootstrap_servers})})
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                if path.read_text() == broker.bootstrap_servers:
+                    os.unlink(path)

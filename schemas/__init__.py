@@ -1,0 +1,29 @@
+"""Typed events, the topic registry and the codec (DESIGN.md: Events)."""
+
+from rlbus.schemas.codec import DecodeError, decode, encode
+from rlbus.schemas.events import (
+    EVENT_TYPES,
+    AnyEvent,
+    DeadLetter,
+    Event,
+    Messages,
+    RolloutCompleted,
+    RolloutScored,
+    TaskPublished,
+    TokenRecord,
+    TraceNode,
+    TrainBatch,
+    TrainSample,
+    TrainStep,
+    WeightLoaded,
+    WeightVersion,
+)
+from rlbus.schemas.ids import derived_id, uuid7
+from rlbus.schemas.topics import BY_NAME, TOPICS, Topic, key_of, topic_of
+
+__all__ = [
+    "BY_NAME", "EVENT_TYPES", "TOPICS", "AnyEvent", "DeadLetter", "DecodeError", "Event",
+    "Messages", "RolloutCompleted", "RolloutScored", "TaskPublished", "TokenRecord", "Topic",
+    "TraceNode", "TrainBatch", "TrainSample", "TrainStep", "WeightLoaded", "WeightVersion",
+    "decode", "derived_id", "encode", "key_of", "topic_of", "uuid7",
+]

@@ -1,0 +1,257 @@
+"""Every event on the bus, defined once.
+
+The ClickHouse tables, the Arrow insert columns and the topic registry all follow from
+these Structs (see `rlbus.bus.store.ddl` and `rlbus.schemas.topics`). Fields added later
+must carry defaults so that older producers' events still decode; unknown fields from
+newer producers are ignored on decode.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+import msgspec
+
+from rlbus.schemas.ids import uuid7
+from rlbus.schemas.packed import LogProbs, Mask, TokenIds
+
+Messages = list[dict[str, Any]]
+"""Chat messages in OpenAI form ({"role": ..., "content": ...}); stored as JSON."""
+
+
+class Event(msgspec.Struct, tag_field="kind", tag=True, kw_only=True):
+    """Fields every event carries."""
+
+    table: ClassVar[str]
+    order_by: ClassVar[tuple[str, ...]] = ("event_id",)
+
+    event_id: str = msgspec.field(default_factory=uuid7)
+    schema_version: int = 1
+    ts: float = msgspec.field(default_factory=time.time)
+    run_id: str = ""
+
+
+class TaskPublished(Event, kw_only=True):
+    """A task for an environment; the unit of work that env producers turn into rollouts."""
+
+    table = "tasks"
+    order_by = ("task_id", "event_id")
+
+    task_id: str
+    env: str
+    prompt: Messages | str
+    answer: str = ""
+    info: dict[str, Any] = {}
+    group_size: int = 0
+    """Rollouts to run for this task; 0 means the environment's configured default."""
+    split: str = "train"
+
+
+class RolloutCompleted(Event, kw_only=True):
+    """One finished (or errored) attempt at a task by one harness."""
+
+    table = "rollouts"
+    order_by = ("rollout_id", "event_id")
+
+    rollout_id: str
+    group_id: str
+    task_id: str
+    env: str
+    sample_index: int = 0
+    group_size: int = 1
+    prompt: Messages | str = ""
+    completion: Messages = []
+    answer: str = ""
+    info: dict[str, Any] = {}
+    status: str = "ok"
+    """"ok" or "error"."""
+    error: str = ""
+    error_kind: str = ""
+    model: str = ""
+    harness: str = ""
+    num_turns: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    min_policy_version: int = 0
+    max_policy_version: int = 0
+    duration_s: float = 0.0
+
+
+class TraceNode(Event, kw_only=True):
+    """A message in a rollout's trace graph; branches (sub-agents, parallel calls) share parents."""
+
+    table = "trace_nodes"
+    order_by = ("rollout_id", "node_id", "event_id")
+
+    node_id: str
+    rollout_id: str
+    parent_id: str = ""
+    branch_id: str = "main"
+    index: int = 0
+    role: str = ""
+    message: dict[str, Any] = {}
+    token_ids: TokenIds = b""
+    """Tokens this node adds to its branch's context (the delta over its parent)."""
+    sampled: bool = False
+    """True when token_ids were sampled by the policy (they carry loss), False for context."""
+    call_index: int = -1
+
+
+class TokenRecord(Event, kw_only=True):
+    """Exact ids and log-probs of one model call, as the inference backend saw them."""
+
+    table = "tokens"
+    order_by = ("rollout_id", "call_index", "event_id")
+
+    rollout_id: str
+    group_id: str = ""
+    call_index: int = 0
+    node_id: str = ""
+    model: str = ""
+    prompt_ids: TokenIds = b""
+    completion_ids: TokenIds = b""
+    logprobs: LogProbs = b""
+    policy_version: int = 0
+    finish_reason: str = ""
+
+
+class RolloutScored(Event, kw_only=True):
+    """A rollout's rewards and metrics, from a judge."""
+
+    table = "scored"
+    order_by = ("rollout_id", "event_id")
+
+    rollout_id: str
+    group_id: str
+    task_id: str
+    env: str
+    sample_index: int = 0
+    group_size: int = 1
+    reward: float = 0.0
+    """The weighted sum of `rewards`."""
+    rewards: dict[str, float] = {}
+    metrics: dict[str, float] = {}
+    status: str = "ok"
+    error: str = ""
+    policy_version: int = 0
+    completion_tokens: int = 0
+
+
+class TrainSample(msgspec.Struct, kw_only=True):
+    """One packed training sequence: what the trainer sees, with no notion of the algorithm."""
+
+    rollout_id: str
+    input_ids: TokenIds
+    loss_mask: Mask
+    advantages: LogProbs
+    """Per-token advantages, float32 packed like log-probs."""
+    inference_logprobs: LogProbs
+    teacher_logprobs: LogProbs = b""
+    policy_version: int = 0
+    temperature: float = 1.0
+
+
+class TrainBatch(Event, kw_only=True):
+    """A training step's worth of samples from the orchestrator or `rlbus replay`."""
+
+    table = "batches"
+    order_by = ("batch_id", "event_id")
+
+    batch_id: str
+    step: int
+    samples: list[TrainSample] = []
+    algorithm: str = "grpo"
+    loss: str = ""
+    num_tokens: int = 0
+    min_policy_version: int = 0
+    max_policy_version: int = 0
+
+
+class WeightVersion(Event, kw_only=True):
+    """New policy weights, written by the trainer; inference reloads them."""
+
+    table = "weight_versions"
+    order_by = ("version", "event_id")
+
+    version: int
+    step: int = 0
+    uri: str
+    format: str = "safetensors"
+    num_params: int = 0
+
+
+class WeightLoaded(Event, kw_only=True):
+    """An inference worker now serves `version`."""
+
+    table = "weights_loaded"
+    order_by = ("version", "worker_id", "event_id")
+
+    version: int
+    worker_id: str
+    load_s: float = 0.0
+    uri: str = ""
+
+
+class TrainStep(Event, kw_only=True):
+    """Trainer metrics for one optimizer step."""
+
+    table = "train_steps"
+    order_by = ("step", "event_id")
+
+    step: int
+    loss: float = 0.0
+    grad_norm: float = 0.0
+    entropy: float = 0.0
+    lr: float = 0.0
+    mismatch_kl: float = 0.0
+    """Mean KL between trainer and inference log-probs on the sampled tokens."""
+    num_samples: int = 0
+    num_tokens: int = 0
+    tokens_per_s: float = 0.0
+    dropped_stale: int = 0
+    staleness: dict[str, int] = {}
+    """Histogram: versions behind the trainer -> sample count."""
+    metrics: dict[str, float] = {}
+
+
+class DeadLetter(Event, kw_only=True):
+    """A message a consumer could not decode or handle, kept whole with the reason."""
+
+    table = "dead_letters"
+    order_by = ("origin_topic", "origin_partition", "origin_offset", "event_id")
+
+    origin_topic: str
+    origin_partition: int
+    origin_offset: int
+    consumer_group: str
+    error: str
+    raw: bytes = b""
+    key: bytes = b""
+
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    TaskPublished,
+    RolloutCompleted,
+    TraceNode,
+    TokenRecord,
+    RolloutScored,
+    TrainBatch,
+    WeightVersion,
+    WeightLoaded,
+    TrainStep,
+    DeadLetter,
+)
+
+AnyEvent = (
+    TaskPublished
+    | RolloutCompleted
+    | TraceNode
+    | TokenRecord
+    | RolloutScored
+    | TrainBatch
+    | WeightVersion
+    | WeightLoaded
+    | TrainStep
+    | DeadLetter
+)

@@ -1,0 +1,33 @@
+"""Event identifiers: time-ordered UUIDv7 for new events, deterministic ids for derived ones."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import uuid
+
+
+def uuid7() -> str:
+    """A UUIDv7 (RFC 9562): 48-bit Unix milliseconds, then random bits; sorts by creation time."""
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76  # version
+    value |= ((rand >> 62) & 0xFFF) << 64  # rand_a, 12 bits
+    value |= 0b10 << 62  # variant
+    value |= rand & ((1 << 62) - 1)  # rand_b, 62 bits
+    return str(uuid.UUID(int=value))
+
+
+def derived_id(*parts: object) -> str:
+    """A stable UUID (version 8) from its inputs.
+
+    A consumer that re-handles a message after a crash must publish an event with the
+    same id as the first time, so that downstream dedup (by event_id) collapses the two.
+    """
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=16).digest()
+    value = int.from_bytes(digest, "big")
+    value = (value & ~(0xF << 76)) | (0x8 << 76)
+    value = (value & ~(0b11 << 62)) | (0b10 << 62)
+    return str(uuid.UUID(int=value))

@@ -1,0 +1,56 @@
+"""The topic registry: which events travel where, keyed by what (DESIGN.md's topic table)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlbus.schemas.events import (
+    DeadLetter,
+    Event,
+    RolloutCompleted,
+    RolloutScored,
+    TaskPublished,
+    TokenRecord,
+    TraceNode,
+    TrainBatch,
+    TrainStep,
+    WeightLoaded,
+    WeightVersion,
+)
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str
+    """Name without the configured prefix."""
+    key_field: str
+    """Event field used as the Kafka key: equal keys land on one partition."""
+    kinds: tuple[type[Event], ...]
+    accepts_json: bool = False
+    """Outside clients may publish JSON here (no rlbus code needed)."""
+
+
+TOPICS: tuple[Topic, ...] = (
+    Topic("tasks", "task_id", (TaskPublished,), accepts_json=True),
+    Topic("rollouts", "group_id", (RolloutCompleted,)),
+    Topic("trace-nodes", "rollout_id", (TraceNode,)),
+    Topic("tokens", "rollout_id", (TokenRecord,)),
+    Topic("scored", "group_id", (RolloutScored,)),
+    Topic("batches", "run_id", (TrainBatch,)),
+    Topic("weights", "run_id", (WeightVersion, WeightLoaded)),
+    Topic("steps", "run_id", (TrainStep,)),
+    Topic("dlq", "key", (DeadLetter,)),
+)
+
+BY_NAME: dict[str, Topic] = {t.name: t for t in TOPICS}
+BY_KIND: dict[type[Event], Topic] = {kind: t for t in TOPICS for kind in t.kinds}
+
+
+def topic_of(event: Event | type[Event]) -> Topic:
+    kind = event if isinstance(event, type) else type(event)
+    return BY_KIND[kind]
+
+
+def key_of(event: Event) -> bytes:
+    value = getattr(event, topic_of(event).key_field)
+    return value if isinstance(value, bytes) else str(value).encode()

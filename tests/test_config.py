@@ -1,0 +1,55 @@
+"""Config: TOML < env < CLI, and bad fields fail before anything starts, named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rlbus.cli import app
+from rlbus.config import ConfigError, load_settings, parse_overrides, settings_env
+
+
+def test_precedence_toml_env_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    toml = tmp_path / "c.toml"
+    toml.write_text('run_id = "from-file"\n[kafka]\npartitions = 3\ntopic_prefix = "f."\n')
+    monkeypatch.setenv("RLBUS_KAFKA__PARTITIONS", "5")
+    s = load_settings(toml, ["--kafka.topic-prefix", "cli.", "--store.batch-rows=7"])
+    assert (s.run_id, s.kafka.partitions, s.kafka.topic_prefix, s.store.batch_rows) == ("from-file", 5, "cli.", 7)
+
+
+def test_typo_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"kafka\.bootstrap_server: unknown field"):
+        load_settings(overrides=["--kafka.bootstrap-server", "h:9092"])
+    toml = tmp_path / "c.toml"
+    toml.write_text("[stor]\nurl = 'x'\n")
+    with pytest.raises(ConfigError, match=r"stor: unknown field"):
+        load_settings(toml)
+
+
+def test_wrong_type_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match=r"kafka\.partitions: .*integer.*'four'"):
+        load_settings(overrides=["--kafka.partitions", "four"])
+    monkeypatch.setenv("RLBUS_STORE__FLUSH_INTERVAL_S", "-1")
+    with pytest.raises(ConfigError, match=r"store\.flush_interval_s: .*greater than 0"):
+        load_settings()
+
+
+def test_cli_rejects_bad_field_before_starting() -> None:
+    result = CliRunner().invoke(app, ["topics", "--kafka.bootstrap-srvers", "127.0.0.1:1"])
+    assert result.exit_code == 2
+    assert "kafka.bootstrap_srvers: unknown field" in result.output
+
+
+def test_overrides_parse_nested_and_flags() -> None:
+    assert parse_overrides(["--a.b-c", "1", "--flag", "--x=y"]) == {"a": {"b_c": "1"}, "flag": "true", "x": "y"}
+    with pytest.raises(ConfigError, match="unexpected argument"):
+        parse_overrides(["stray"])
+
+
+def test_settings_env_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = load_settings(overrides=["--kafka.bootstrap-servers", "h:1", "--store.serve-http", "false"])
+    for key, value in settings_env(s).items():
+        monkeypatch.setenv(key, value)
+    assert load_settings() == s
