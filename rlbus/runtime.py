@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlbus.bus import EmbeddedBroker
+from rlbus.bus.store.holder import holder_pid, read_endpoint
 from rlbus.config import Settings
 
 BROKER_FILE = ".rlbus-broker"
@@ -22,6 +23,17 @@ def data_dir(settings: Settings) -> Path:
     """The chdb store's directory; for a server store, ./rlbus-data still holds local state."""
     url = settings.store.url
     return Path(url[len("chdb://"):]) if url.startswith("chdb://") else Path("rlbus-data")
+
+
+def store_served_elsewhere(settings: Settings) -> bool:
+    """Another process holds the chdb store and has announced its read-only endpoint.
+
+    Until then this process must not open the directory itself: chdb admits one process
+    per directory, and opening it would lock out the process meant to hold it.
+    """
+    directory = data_dir(settings).resolve()
+    pid = holder_pid(directory)
+    return pid is not None and pid != os.getpid() and read_endpoint(directory) is not None
 
 
 def _reachable(address: str) -> bool:

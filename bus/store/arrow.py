@@ -55,7 +55,7 @@ def _to_arrow(column: Column, values: Sequence[Any]) -> pa.Array:
 
 def events_to_arrow(events: Sequence[Event], positions: Sequence[tuple[int, int]]) -> pa.Table:
     """One Arrow table for events of a single kind, with their (partition, offset) positions."""
-    kinds = {type(e) for e in events}
+    kinds = set(map(type, events))
     if len(kinds) != 1:
         raise ValueError(f"expected events of one kind, got {sorted(k.__name__ for k in kinds) or 'none'}")
     if len(positions) != len(events):

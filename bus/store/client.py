@@ -26,7 +26,7 @@ from rlbus.bus.store.ddl import quote
 from rlbus.bus.store.endpoint import Endpoint
 from rlbus.bus.store.holder import ENDPOINT_FILE, holder_pid, read_endpoint
 from rlbus.bus.store.migrate import migrate
-from rlbus.bus.store.sqltext import read_only_problem
+from rlbus.bus.store.sqltext import read_only_problem, trailing_format
 from rlbus.schemas.events import Event
 
 E = TypeVar("E", bound=Event)
@@ -102,7 +102,8 @@ class Store:
                   parameters: dict[str, Any] | None = None) -> bytes:
         """The result as ClickHouse formats it (`fmt`, unless the SQL ends in its own FORMAT)."""
         self._check_read(sql)
-        return self._client().raw_query(sql, parameters=parameters, fmt=fmt)
+        own_format = trailing_format(sql.rstrip().rstrip(";"))
+        return self._client().raw_query(sql, parameters=parameters, fmt=None if own_format else fmt)
 
     def command(self, sql: str) -> Any:
         """Run a statement that changes the store (DDL, OPTIMIZE, ...)."""

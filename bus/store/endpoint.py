@@ -26,8 +26,10 @@ from rlbus.bus.store.ddl import quote
 from rlbus.bus.store.holder import endpoint_file
 from rlbus.bus.store.sqltext import SqlTextError, read_only_problem, split_statements, trailing_format
 
+# ClickHouse error codes the endpoint answers with itself.
+UNSUPPORTED_METHOD = 1
+SYNTAX_ERROR = 62
 READONLY = 164
-"""ClickHouse's READONLY error code, which the refusals carry."""
 STD_EXCEPTION = 1001
 
 # URL parameters that steer the HTTP interface itself; every other one is a query setting.
@@ -37,8 +39,9 @@ _TRANSPORT_PARAMS = frozenset({
     "wait_end_of_query", "client_protocol_version", "role", "enable_http_compression",
     "send_progress_in_http_headers", "http_headers_progress_interval_ms", "readonly",
 })
-_STATUS_BY_CODE = {62: HTTPStatus.BAD_REQUEST, 60: HTTPStatus.NOT_FOUND, 81: HTTPStatus.NOT_FOUND,
-                   READONLY: HTTPStatus.FORBIDDEN}
+_STATUS_BY_CODE = {SYNTAX_ERROR: HTTPStatus.BAD_REQUEST, 60: HTTPStatus.NOT_FOUND,
+                   81: HTTPStatus.NOT_FOUND, READONLY: HTTPStatus.FORBIDDEN}
+"""As a ClickHouse server answers: unknown table/database 404, syntax 400, read-only 403."""
 _CODE = re.compile(r"Code: (\d+)")
 _TEXT_FORMATS = ("TabSeparated", "TSV", "CSV", "Pretty", "Vertical", "Markdown", "Values")
 
@@ -46,12 +49,18 @@ _TEXT_FORMATS = ("TabSeparated", "TSV", "CSV", "Pretty", "Vertical", "Markdown",
 class QueryError(Exception):
     """A request that fails with a ClickHouse error code and message."""
 
-    def __init__(self, code: int, message: str):
+    def __init__(self, code: int, message: str, name: str = ""):
         super().__init__(message)
         self.code = code
+        self.name = name
 
     def body(self) -> bytes:
-        return f"Code: {self.code}. DB::Exception: {self}\n".encode()
+        suffix = f" ({self.name})" if self.name else ""
+        return f"Code: {self.code}. DB::Exception: {self}{suffix}\n".encode()
+
+
+def _refused(message: str) -> QueryError:
+    return QueryError(READONLY, message, "READONLY")
 
 
 def _content_type(fmt: str) -> str:
@@ -94,7 +103,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(HTTPStatus.NOT_FOUND, f"no handler for {url.path}\n".encode(), {})
             return
         try:
-            body, headers = self._run(params, self._body())
+            body, headers = self._execute(self._statement(params), params)
         except QueryError as exc:
             status = _STATUS_BY_CODE.get(exc.code, HTTPStatus.INTERNAL_SERVER_ERROR)
             self._reply(status, exc.body(), {"X-ClickHouse-Exception-Code": str(exc.code),
@@ -102,12 +111,26 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._reply(HTTPStatus.OK, body, headers)
 
+    def _statement(self, params: dict[str, str]) -> str:
+        """The one read-only statement this request carries, like a server joins it: the
+        `query` parameter, then the body."""
+        sql = "\n".join(part for part in (params.get("query", ""), self._body()) if part)
+        try:
+            problem = read_only_problem(sql)
+        except SqlTextError as exc:
+            raise QueryError(SYNTAX_ERROR, f"cannot parse the query: {exc}", "SYNTAX_ERROR") from None
+        if problem:
+            raise _refused(f"rlbus store endpoint (pid {os.getpid()}) is read-only: {problem}; "
+                           "writes go through the process that holds the store")
+        return split_statements(sql)[0]
+
     def _body(self) -> str:
         if self.headers.get("Content-Encoding", "identity") != "identity":
-            raise QueryError(READONLY, "compressed request bodies are not accepted: this endpoint "
-                                       "only reads, and only inserts are sent compressed")
+            raise _refused("compressed request bodies are refused: this endpoint only reads, "
+                           "and only inserts are sent compressed")
         if "multipart/form-data" in self.headers.get("Content-Type", ""):
-            raise QueryError(1, "form-encoded queries are not supported; send the query as the body")
+            raise QueryError(UNSUPPORTED_METHOD, "form-encoded queries are not supported; send "
+                                                 "the query as the body", "UNSUPPORTED_METHOD")
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             raw = self._chunked_body()
         else:
@@ -115,8 +138,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             return raw.decode()
         except UnicodeDecodeError as exc:
-            raise QueryError(READONLY, f"the request body is not UTF-8 SQL ({exc}); "
-                                       "data uploads are not accepted") from None
+            raise _refused(f"the request body is not UTF-8 SQL ({exc}); data uploads are refused") from None
 
     def _chunked_body(self) -> bytes:
         chunks = []
@@ -127,16 +149,7 @@ class _Handler(BaseHTTPRequestHandler):
             pass
         return b"".join(chunks)
 
-    def _run(self, params: dict[str, str], body: str) -> tuple[bytes, dict[str, str]]:
-        sql = "\n".join(part for part in (params.get("query", ""), body) if part)
-        try:
-            problem = read_only_problem(sql)
-        except SqlTextError as exc:
-            raise QueryError(62, f"cannot parse the query: {exc}") from None
-        if problem:
-            raise QueryError(READONLY, f"rlbus store endpoint (pid {os.getpid()}): {problem}. "
-                                       "Writes go through the process that holds the store.")
-        statement = split_statements(sql)[0]
+    def _execute(self, statement: str, params: dict[str, str]) -> tuple[bytes, dict[str, str]]:
         fmt = params.get("default_format") or "TabSeparated"
         bind = {k.removeprefix("param_"): v for k, v in params.items() if k.startswith("param_")}
         settings = {k: v for k, v in params.items()
@@ -150,6 +163,9 @@ class _Handler(BaseHTTPRequestHandler):
             if database := params.get("database"):
                 connection.query(f"USE {quote(database)}")
             result = connection.query(statement, fmt, params=bind or None)
+            body = result.bytes()
+            summary = {"read_rows": str(result.rows_read()), "read_bytes": str(result.bytes_read()),
+                       "elapsed_ns": str(int(result.elapsed() * 1e9))}
         except Exception as exc:
             message = str(exc)
             match = _CODE.search(message)
@@ -158,9 +174,7 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             connection.close()
         fmt = trailing_format(statement) or fmt
-        summary = {"read_rows": str(result.rows_read()), "read_bytes": str(result.bytes_read()),
-                   "elapsed_ns": str(int(result.elapsed() * 1e9))}
-        return result.bytes(), {
+        return body, {
             "Content-Type": _content_type(fmt),
             "X-ClickHouse-Format": fmt,
             "X-ClickHouse-Timezone": self.server.timezone,

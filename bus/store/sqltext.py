@@ -125,11 +125,10 @@ def read_only_problem(sql: str) -> str | None:
     significant = [(k, sql[s:e]) for k, s, e in tokens(statements[0]) if k is not Tok.COMMENT]
     lead = next((text for kind, text in significant if text != "("), "")
     if lead.upper() not in READ_STATEMENTS:
-        return (f"{lead.upper() or lead!r} statements are not allowed: this endpoint is read-only "
-                f"(allowed: {', '.join(READ_STATEMENTS)})")
+        return f"{lead.upper()} statements are refused (read-only access allows {', '.join(READ_STATEMENTS)})"
     upper = words(statements[0])
     if any(a == "INTO" and b == "OUTFILE" for a, b in zip(upper, upper[1:])):
-        return "INTO OUTFILE is not allowed: this endpoint is read-only"
+        return "SELECT ... INTO OUTFILE writes a file, which read-only access refuses"
     return None
 
 

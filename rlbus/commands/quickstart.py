@@ -8,9 +8,7 @@ what landed.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -18,19 +16,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rlbus.bus.store import open_store
-from rlbus.bus.store.holder import holder_pid, read_endpoint
 from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, console, settings_from
 from rlbus.commands.tasks import publish_tasks
 from rlbus.processes import RoleProcess, wait_for
 from rlbus.producers.tasksets.samples import reverse_text
-from rlbus.runtime import data_dir, local_broker
-
-
-def _serving(directory: Path) -> bool:
-    """The sink holds the store and announced its endpoint. Until then this process must not
-    open the directory itself: chdb admits one process per directory."""
-    pid = holder_pid(directory.resolve())
-    return pid is not None and pid != os.getpid() and read_endpoint(directory.resolve()) is not None
+from rlbus.runtime import data_dir, local_broker, store_served_elsewhere
 
 
 def _count(url: str, run_id: str) -> int:
@@ -54,7 +44,7 @@ def quickstart(
         console.print(f"broker: {live.kafka.bootstrap_servers}   store: {live.store.url}   logs: {logs}")
         sink = RoleProcess("sink", live, logs)
         try:
-            wait_for(lambda: _serving(data_dir(live)), timeout_s, "the sink to serve the store", processes=(sink,))
+            wait_for(lambda: store_served_elsewhere(live), timeout_s, "the sink to serve the store", processes=(sink,))
             columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
             with Progress(*columns, console=console) as progress:
                 asyncio.run(publish_tasks(live, reverse_text(n, seed=0), n, progress))

@@ -1,0 +1,224 @@
+"""HTTP front of an inference backend: OpenAI chat completions plus token-level endpoints.
+
+Routes
+  GET  /v1/models                 OpenAI model list
+  POST /v1/chat/completions       OpenAI chat (stream or not, logprobs, tools, usage)
+  POST /v1/generate               {prompt_ids, sampling} -> completion ids, log-probs, finish, versions
+  POST /v1/score                  {prompt_ids, completion_ids} -> log-probs of the completion (prefill only)
+  POST /v1/weights                {uri, version} -> load a checkpoint now (what the bus worker does)
+  GET  /v1/stats, /metrics        engine figures (mean batch size, tokens, versions) as JSON
+  GET  /health
+
+Every response carries `x-rlbus-policy-version`; results also carry it in the body. Client
+mistakes get a 4xx with OpenAI's error JSON and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import lru_cache
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from rlbus.consumers.inference.api import (
+    Delta,
+    GenerateRequest,
+    GenerateResult,
+    InferenceBackend,
+    RequestError,
+    ScoreRequest,
+    WeightsRequest,
+)
+from rlbus.consumers.inference.checkpoint import CheckpointError
+from rlbus.consumers.inference.openai_format import (
+    ChatRequest,
+    ChunkWriter,
+    chat_response,
+    cut_at_stop,
+    error_body,
+    model_list,
+    request_error_body,
+    sampling_params,
+)
+from rlbus.consumers.inference.renderer import Renderer, RendererError
+
+VERSION_HEADER = "x-rlbus-policy-version"
+MAX_VERSION_HEADER = "x-rlbus-policy-version-max"
+
+
+class UnknownModelError(RequestError):
+    code = "model_not_found"
+    param = "model"
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(msgspec.json.encode(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def _result_headers(results: list[GenerateResult]) -> dict[str, str]:
+    return {
+        VERSION_HEADER: str(min(r.min_policy_version for r in results)),
+        MAX_VERSION_HEADER: str(max(r.max_policy_version for r in results)),
+    }
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+
+
+class _VersionHeader:
+    """Adds the served policy version to responses that did not set a more precise one."""
+
+    def __init__(self, app: ASGIApp, version: Callable[[], int]) -> None:
+        self.app = app
+        self.version = version
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_header(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                if not any(name == VERSION_HEADER.encode() for name, _ in headers):
+                    headers.append((VERSION_HEADER.encode(), str(self.version()).encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
+
+
+class InferenceAPI:
+    """The route handlers, bound to one backend, renderer and served model name."""
+
+    def __init__(self, backend: InferenceBackend, renderer: Renderer, token_text: Callable[[int], str],
+                 model_name: str, aliases: tuple[str, ...] = ()) -> None:
+        self.backend = backend
+        self.renderer = renderer
+        self.token_text = lru_cache(maxsize=1 << 16)(token_text)
+        self.model_name = model_name
+        self.names = (model_name, *aliases)
+        self.created = int(time.time())
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.names:
+            raise UnknownModelError(f"model {model!r} does not exist; this server serves {self.model_name!r}")
+
+    async def models(self, request: Request) -> Response:
+        return _json(model_list([self.model_name], self.created))
+
+    async def health(self, request: Request) -> Response:
+        return _json({"status": "ok", "policy_version": self.backend.policy_version})
+
+    async def stats(self, request: Request) -> Response:
+        return _json(self.backend.stats())
+
+    async def generate(self, request: Request) -> Response:
+        req = msgspec.json.decode(await request.body(), type=GenerateRequest)
+        self.check_model(req.model)
+        result = await self.backend.generate(req.prompt_ids, req.sampling, text=req.return_text)
+        return _json(result, headers=_result_headers([result]))
+
+    async def score(self, request: Request) -> Response:
+        req = msgspec.json.decode(await request.body(), type=ScoreRequest)
+        self.check_model(req.model)
+        result = await self.backend.score(req.prompt_ids, req.completion_ids, req.temperature)
+        return _json(result, headers={VERSION_HEADER: str(result.policy_version)})
+
+    async def weights(self, request: Request) -> Response:
+        req = msgspec.json.decode(await request.body(), type=WeightsRequest)
+        seconds = await self.backend.load_weights(req.uri, req.version)
+        return _json({"version": req.version, "load_s": seconds})
+
+    async def chat(self, request: Request) -> Response:
+        req = msgspec.json.decode(await request.body(), type=ChatRequest)
+        self.check_model(req.model)
+        tools = req.active_tools
+        prompt_ids = self.renderer.render(req.messages, tools=tools)
+        try:
+            params = [sampling_params(req, self.renderer.stop_token_ids, i) for i in range(req.n)]
+        except ValueError as exc:
+            raise RequestError(str(exc)) from exc
+        if req.stream:
+            return StreamingResponse(self._stream(req, prompt_ids, params[0]), media_type="text/event-stream")
+        results = await asyncio.gather(*(self.backend.generate(prompt_ids, p) for p in params))
+        messages = [cut_at_stop(self.renderer.parse(r.completion_ids, tools=tools, prompt_ids=prompt_ids), r) for r in results]
+        body = chat_response(req, self.model_name, prompt_ids, results, messages, self.token_text)
+        return _json(body, headers=_result_headers(results))
+
+    async def _stream(self, req: ChatRequest, prompt_ids: list[int], params: Any) -> AsyncIterator[bytes]:
+        writer = ChunkWriter(req, self.model_name, self.token_text)
+        tools = req.active_tools
+        # With tools the raw text may hold a tool call, so the parsed message comes at the end.
+        text_deltas = not tools
+        yield _sse(writer.opening())
+        try:
+            async for item in self.backend.stream(prompt_ids, params):
+                if isinstance(item, Delta):
+                    chunk = writer.delta(item, with_text=text_deltas)
+                    if chunk is not None:
+                        yield _sse(chunk)
+                    continue
+                message = cut_at_stop(self.renderer.parse(item.completion_ids, tools=tools, prompt_ids=prompt_ids), item)
+                yield _sse(writer.closing(item, message, final_message=not text_deltas))
+                if req.include_usage:
+                    yield _sse(writer.usage(len(prompt_ids), item))
+        except RequestError as exc:
+            yield _sse(request_error_body(exc))
+        yield b"data: [DONE]\n\n"
+
+
+def _client_error(status: int) -> Callable[[Request, Exception], Any]:
+    async def handle(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, RequestError):
+            return _json(request_error_body(exc), status=status)
+        return _json(error_body(str(exc)), status=status)
+
+    return handle
+
+
+def create_app(backend: InferenceBackend, renderer: Renderer, token_text: Callable[[int], str],
+               model_name: str, aliases: tuple[str, ...] = ()) -> ASGIApp:
+    """The ASGI app; starting it starts the backend, shutting it down stops the backend."""
+    api = InferenceAPI(backend, renderer, token_text, model_name, aliases)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await backend.start()
+        try:
+            yield
+        finally:
+            await backend.stop()
+
+    app = Starlette(
+        routes=[
+            Route("/health", api.health),
+            Route("/v1/models", api.models),
+            Route("/v1/stats", api.stats),
+            Route("/metrics", api.stats),
+            Route("/v1/chat/completions", api.chat, methods=["POST"]),
+            Route("/v1/generate", api.generate, methods=["POST"]),
+            Route("/v1/score", api.score, methods=["POST"]),
+            Route("/v1/weights", api.weights, methods=["POST"]),
+        ],
+        exception_handlers={
+            UnknownModelError: _client_error(404),
+            RequestError: _client_error(400),
+            RendererError: _client_error(400),
+            CheckpointError: _client_error(400),
+            msgspec.ValidationError: _client_error(400),
+            msgspec.DecodeError: _client_error(400),
+        },
+        lifespan=lifespan,
+    )
+    return _VersionHeader(app, lambda: backend.policy_version)

@@ -1,0 +1,46 @@
+"""Assemble a servable app from a model directory: backend + renderer + HTTP routes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from starlette.types import ASGIApp
+
+from rlbus.consumers.inference.api import InferenceBackend
+from rlbus.consumers.inference.renderer import make_renderer
+from rlbus.consumers.inference.server import create_app
+
+BackendKind = Literal["hf", "vllm"]
+
+
+def build_backend(model_path: str | Path, backend: BackendKind = "hf", *, device: str = "cpu",
+                  policy_version: int = 0, seed: int = 0) -> InferenceBackend:
+    if backend == "hf":
+        from rlbus.consumers.inference.engine import Engine
+
+        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        return Engine.from_pretrained(model_path, device=device, dtype=dtype, policy_version=policy_version, seed=seed)
+    if backend == "vllm":
+        # Imported here so that the package never needs vLLM unless asked for.
+        from rlbus.consumers.inference.vllm_backend import VLLMBackend
+
+        return VLLMBackend(str(model_path), policy_version=policy_version, seed=seed)
+    raise ValueError(f"unknown backend {backend!r}; choose hf or vllm")
+
+
+def build_app(backend: InferenceBackend, model_path: str | Path, *, model_name: str | None = None,
+              renderer: str | None = None) -> ASGIApp:
+    """The HTTP app for `backend`, serving `model_path` under `model_name` (default: the directory name)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    name = model_name or Path(model_path).name
+    return create_app(
+        backend,
+        make_renderer(tokenizer, renderer),
+        lambda token_id: tokenizer.decode([token_id]),
+        name,
+        aliases=(str(model_path),),
+    )

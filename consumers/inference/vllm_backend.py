@@ -1,0 +1,322 @@
+"""The inference service on vLLM (GPU extra): same endpoints, vLLM's own batching and weight reload.
+
+vLLM is imported only inside `VLLMBackend.start`, never at package import. The translation
+between our types and vLLM's is pure functions over vLLM's documented attribute names
+(SamplingParams kwargs; RequestOutput.outputs[i].token_ids / .logprobs / .finish_reason /
+.stop_reason; RequestOutput.prompt_logprobs; Logprob.logprob / .rank), unit-tested on CPU.
+The backend class itself has not been run against a real vLLM in this repository.
+
+Semantics kept equal to the built-in engine:
+- log-probs are those of the tempered distribution: the engine is created with
+  `logprobs_mode="processed_logprobs"` (vLLM's default returns untempered "raw" log-probs).
+  vLLM's processed log-probs are taken after top-p/top-k masking, so with top_p < 1 they are
+  those of the truncated distribution; RL sampling uses top_p = 1, where the two agree.
+- weight reload keeps requests in flight: `pause_generation(mode="keep", clear_cache=True)`,
+  `collective_rpc("reload_weights", kwargs={"weights_path": dir, "is_checkpoint_format": True})`,
+  `reset_prefix_cache()`, `resume_generation()`. Frozen requests resume on the new weights
+  with a recomputed KV cache: the result's version range spans both versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from rlbus.consumers.inference.api import (
+    ContextLengthError,
+    Delta,
+    EngineStats,
+    FinishReason,
+    GenerateResult,
+    RequestError,
+    SamplingParams,
+    ScoreResult,
+    TopLogprob,
+    check_prompt,
+    check_vocab,
+)
+from rlbus.consumers.inference.checkpoint import checkpoint_files
+
+# ---- pure translation (tested on CPU) ---------------------------------------------------------
+
+
+def sampling_kwargs(params: SamplingParams, max_tokens: int) -> dict[str, Any]:
+    """Keyword arguments for `vllm.SamplingParams` that sample like our engine would."""
+    return {
+        "n": 1,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "max_tokens": max_tokens,
+        "stop": list(params.stop),
+        "stop_token_ids": list(params.stop_token_ids),
+        "ignore_eos": params.ignore_eos,
+        "seed": params.seed,
+        # logprobs=k returns the k most likely tokens plus the sampled one; 0 only the sampled one.
+        "logprobs": params.top_logprobs,
+        "include_stop_str_in_output": False,
+        "skip_special_tokens": True,
+    }
+
+
+def score_kwargs() -> dict[str, Any]:
+    """A prefill-only request: one throwaway token, log-probs of every prompt position."""
+    return {"n": 1, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0, "detokenize": False}
+
+
+def token_logprobs(token_ids: Sequence[int], logprobs: Sequence[dict[int, Any]] | None, top_k: int) -> tuple[list[float], list[list[TopLogprob]] | None]:
+    """Sampled-token log-probs (and the top-k lists) from a CompletionOutput's `logprobs`."""
+    if logprobs is None:
+        raise RequestError("vLLM returned no log-probs: the request must set logprobs >= 0")
+    values: list[float] = []
+    tops: list[list[TopLogprob]] | None = [] if top_k else None
+    for token_id, entry in zip(token_ids, logprobs, strict=True):
+        values.append(float(entry[token_id].logprob))
+        if tops is not None:
+            ranked = sorted(((lp.rank, tid, lp.logprob) for tid, lp in entry.items() if lp.rank is not None and lp.rank <= top_k))
+            tops.append([TopLogprob(tid, float(lp)) for _, tid, lp in ranked])
+    return values, tops
+
+
+def finish_of(completion: Any, eos_ids: Iterable[int]) -> tuple[FinishReason, int | str | None]:
+    """vLLM names EOS stops with stop_reason None; ours names the token, as for other stop ids."""
+    reason = completion.finish_reason
+    if reason not in ("stop", "length", "abort"):
+        raise RequestError(f"vLLM finished with unexpected reason {reason!r}")
+    stop_reason = completion.stop_reason
+    if reason == "stop" and stop_reason is None and completion.token_ids and completion.token_ids[-1] in set(eos_ids):
+        stop_reason = completion.token_ids[-1]
+    return reason, stop_reason
+
+
+def result_of(output: Any, versions: tuple[int, int], eos_ids: Iterable[int], top_k: int, *, text: bool) -> GenerateResult:
+    """Our result from a finished vLLM RequestOutput; `versions` = (first, last) version seen."""
+    completion = output.outputs[0]
+    token_ids = list(completion.token_ids)
+    logprobs, tops = token_logprobs(token_ids, completion.logprobs, top_k)
+    reason, stop_reason = finish_of(completion, eos_ids)
+    return GenerateResult(
+        completion_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason=reason,
+        stop_reason=stop_reason,
+        prompt_tokens=len(output.prompt_token_ids),
+        policy_version=versions[0],
+        min_policy_version=versions[0],
+        max_policy_version=versions[1],
+        text=completion.text if text else None,
+        top_logprobs=tops,
+    )
+
+
+def delta_of(output: Any, sent_tokens: int, sent_chars: int, top_k: int) -> Delta:
+    """What a cumulative RequestOutput adds after `sent_tokens` ids and `sent_chars` characters."""
+    completion = output.outputs[0]
+    token_ids = list(completion.token_ids[sent_tokens:])
+    entries = completion.logprobs[sent_tokens:] if completion.logprobs is not None else None
+    logprobs, tops = token_logprobs(token_ids, entries, top_k)
+    return Delta(token_ids=token_ids, logprobs=logprobs, text=completion.text[sent_chars:], top_logprobs=tops)
+
+
+def score_of(prompt_logprobs: Sequence[dict[int, Any] | None], all_ids: Sequence[int], prompt_len: int) -> list[float]:
+    """Log-probs of all_ids[prompt_len:] from RequestOutput.prompt_logprobs (position 0 is None)."""
+    if len(prompt_logprobs) != len(all_ids):
+        raise RequestError(f"vLLM returned {len(prompt_logprobs)} prompt log-probs for {len(all_ids)} ids")
+    out = []
+    for position in range(prompt_len, len(all_ids)):
+        entry = prompt_logprobs[position]
+        if entry is None:
+            raise RequestError(f"vLLM returned no log-prob at position {position}")
+        out.append(float(entry[all_ids[position]].logprob))
+    return out
+
+
+def reload_call(weights_dir: str) -> tuple[str, dict[str, Any]]:
+    """The worker RPC that makes vLLM re-read its weights from a local HF-layout directory."""
+    return "reload_weights", {"weights_path": weights_dir, "is_checkpoint_format": True}
+
+
+def stage_checkpoint(uri: str, into: str | None = None) -> str:
+    """A local directory holding the checkpoint's safetensors files (vLLM reads local paths).
+
+    A local directory is used as is; a single file or a remote URL is copied first.
+    """
+    fs, path = fsspec.core.url_to_fs(uri)
+    if isinstance(fs, LocalFileSystem) and fs.isdir(path):
+        return path
+    _, files = checkpoint_files(uri)
+    target = into or tempfile.mkdtemp(prefix="rlbus-weights-")
+    for file in files:
+        fs.get(file, posixpath.join(target, posixpath.basename(file)))
+    return target
+
+
+# ---- the backend (needs vLLM and a GPU; not run in this repository) --------------------------
+
+
+class VLLMBackend:
+    """`InferenceBackend` over vLLM's AsyncLLM.
+
+    `stats().mean_batch_size` is the mean number of this server's requests in flight when an
+    output arrives: vLLM's scheduler does not report its per-step batch to a client.
+    """
+
+    def __init__(self, model_path: str, *, policy_version: int = 0, seed: int = 0, **engine_kwargs: Any) -> None:
+        self._path = model_path
+        self._seed = seed
+        self._engine_kwargs = engine_kwargs
+        self._version = policy_version
+        self._engine: Any = None
+        self._max_context = 0
+        self._vocab_size = 0
+        self._eos: frozenset[int] = frozenset()
+        self._lock = asyncio.Lock()
+        self._in_flight = 0
+        self._samples = 0
+        self._in_flight_sum = 0
+        self._tokens = 0
+        self._prompt_tokens = 0
+        self._finished = 0
+        self._scored = 0
+        self._loads = 0
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    async def start(self) -> None:
+        from transformers import AutoTokenizer
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(model=self._path, seed=self._seed, logprobs_mode="processed_logprobs",
+                               max_logprobs=20, **self._engine_kwargs)
+        self._engine = AsyncLLM.from_engine_args(args)
+        config = self._engine.model_config
+        self._max_context = int(config.max_model_len)
+        self._vocab_size = int(config.get_vocab_size())
+        eos = AutoTokenizer.from_pretrained(self._path).eos_token_id
+        self._eos = frozenset([eos] if eos is not None else [])
+
+    async def stop(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+    def _params(self, prompt_ids: list[int], params: SamplingParams) -> Any:
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        check_prompt(prompt_ids, self._vocab_size, self._max_context)
+        check_vocab(params.stop_token_ids, self._vocab_size, "stop_token_ids")
+        room = self._max_context - len(prompt_ids)
+        return VLLMSamplingParams(**sampling_kwargs(params, min(params.max_tokens or room, room)))
+
+    async def _outputs(self, prompt_ids: list[int], vllm_params: Any) -> AsyncIterator[tuple[Any, int]]:
+        self._in_flight += 1
+        try:
+            async for output in self._engine.generate({"prompt_token_ids": prompt_ids}, vllm_params, uuid.uuid4().hex):
+                self._samples += 1
+                self._in_flight_sum += self._in_flight
+                yield output, self._version
+        finally:
+            self._in_flight -= 1
+
+    def _count(self, result: GenerateResult) -> None:
+        self._tokens += len(result.completion_ids)
+        self._prompt_tokens += result.prompt_tokens
+        self._finished += 1
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams | None = None, *, text: bool = False) -> GenerateResult:
+        params = params or SamplingParams()
+        first = last = None
+        final = None
+        async for output, version in self._outputs(prompt_ids, self._params(prompt_ids, params)):
+            first = version if first is None else first
+            last, final = version, output
+        if final is None or first is None or last is None:
+            raise RequestError("vLLM returned no output for the request")
+        result = result_of(final, (first, last), self._eos, params.top_logprobs, text=text)
+        self._count(result)
+        return result
+
+    async def stream(self, prompt_ids: list[int], params: SamplingParams | None = None) -> AsyncIterator[Delta | GenerateResult]:
+        params = params or SamplingParams()
+        first = None
+        sent_tokens = sent_chars = 0
+        async for output, version in self._outputs(prompt_ids, self._params(prompt_ids, params)):
+            first = version if first is None else first
+            delta = delta_of(output, sent_tokens, sent_chars, params.top_logprobs)
+            sent_tokens += len(delta.token_ids)
+            sent_chars += len(delta.text)
+            if delta.token_ids or delta.text:
+                yield delta
+            if output.finished:
+                result = result_of(output, (first, version), self._eos, params.top_logprobs, text=True)
+                self._count(result)
+                yield result
+
+    async def score(self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> ScoreResult:
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        if temperature != 1.0:
+            # vLLM's prompt log-probs are untempered; scaling them here would not be what vLLM computes.
+            raise RequestError("the vLLM backend scores at temperature 1.0 only")
+        check_prompt(prompt_ids, self._vocab_size, self._max_context)
+        check_vocab(completion_ids, self._vocab_size, "completion_ids")
+        ids = list(prompt_ids) + list(completion_ids)
+        if len(ids) >= self._max_context:
+            raise ContextLengthError(f"prompt + completion is {len(ids)} tokens; this model's context is {self._max_context}")
+        final = None
+        version = self._version
+        async for output, version in self._outputs(ids, VLLMSamplingParams(**score_kwargs())):
+            final = output
+        if final is None or final.prompt_logprobs is None:
+            raise RequestError("vLLM returned no prompt log-probs")
+        self._scored += 1
+        return ScoreResult(logprobs=score_of(final.prompt_logprobs, ids, len(prompt_ids)), policy_version=version)
+
+    async def load_weights(self, uri: str, version: int) -> float:
+        async with self._lock:
+            if version <= self._version:
+                raise RequestError(f"weights version {version} is not newer than the served version {self._version}")
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            weights_dir = await asyncio.to_thread(stage_checkpoint, uri)
+            method, kwargs = reload_call(weights_dir)
+            await self._engine.pause_generation(mode="keep", clear_cache=True)
+            try:
+                await self._engine.collective_rpc(method, kwargs=kwargs)
+                await self._engine.reset_prefix_cache()
+                self._version = version
+                self._loads += 1
+            finally:
+                await self._engine.resume_generation()
+            return loop.time() - started
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            policy_version=self._version,
+            running=self._in_flight,
+            waiting=0,
+            decode_steps=self._samples,
+            mean_batch_size=self._in_flight_sum / self._samples if self._samples else 0.0,
+            tokens_generated=self._tokens,
+            prompt_tokens=self._prompt_tokens,
+            requests_finished=self._finished,
+            requests_scored=self._scored,
+            weight_loads=self._loads,
+        )

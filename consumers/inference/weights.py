@@ -1,0 +1,56 @@
+"""Following the `weights` topic: load each new WeightVersion, answer with WeightLoaded.
+
+The bus consumer (worker.py) calls `on_weight_version` for every WeightVersion it receives
+and publishes what it returns. Redeliveries are harmless: a version already served is not
+loaded again, and its WeightLoaded gets the same derived event id, so the sink keeps one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from rlbus.consumers.inference.api import InferenceBackend
+from rlbus.consumers.inference.checkpoint import CheckpointError
+from rlbus.schemas import WeightLoaded, WeightVersion, derived_id
+
+log = logging.getLogger(__name__)
+
+
+def newest(events: Iterable[object], run_id: str | None = None) -> WeightVersion | None:
+    """The highest WeightVersion among a polled batch (of `run_id`, if given): loading the
+    intermediate ones would only delay the newest."""
+    versions = [e for e in events if isinstance(e, WeightVersion) and (run_id is None or e.run_id == run_id)]
+    return max(versions, key=lambda e: e.version, default=None)
+
+
+class WeightFollower:
+    """Loads announced weights into one backend and names this worker in the acknowledgement."""
+
+    def __init__(self, backend: InferenceBackend, worker_id: str) -> None:
+        self.backend = backend
+        self.worker_id = worker_id
+
+    def _loaded(self, event: WeightVersion, load_s: float) -> WeightLoaded:
+        return WeightLoaded(
+            event_id=derived_id("weight-loaded", self.worker_id, event.run_id, event.version),
+            run_id=event.run_id,
+            version=event.version,
+            worker_id=self.worker_id,
+            load_s=load_s,
+            uri=event.uri,
+        )
+
+    async def on_weight_version(self, event: WeightVersion) -> WeightLoaded | None:
+        """Serve `event`'s weights from the next step; None when it is older than what is served."""
+        if event.format != "safetensors":
+            raise CheckpointError(f"weights version {event.version} at {event.uri} is {event.format!r}; only safetensors is read")
+        served = self.backend.policy_version
+        if event.version < served:
+            log.info("skipping weights version %d: already serving %d", event.version, served)
+            return None
+        if event.version == served:
+            return self._loaded(event, 0.0)
+        load_s = await self.backend.load_weights(event.uri, event.version)
+        log.info("serving weights version %d from %s (loaded in %.2fs)", event.version, event.uri, load_s)
+        return self._loaded(event, load_s)
