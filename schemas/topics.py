@@ -26,18 +26,20 @@ class Topic:
     key_field: str
     """Event field used as the Kafka key: equal keys land on one partition."""
     kinds: tuple[type[Event], ...]
+    groups: tuple[str, ...] = ("sink",)
+    """Consumer groups of rlbus roles that read this topic (for lag reports)."""
     accepts_json: bool = False
     """Outside clients may publish JSON here (no rlbus code needed)."""
 
 
 TOPICS: tuple[Topic, ...] = (
-    Topic("tasks", "task_id", (TaskPublished,), accepts_json=True),
-    Topic("rollouts", "group_id", (RolloutCompleted,)),
+    Topic("tasks", "task_id", (TaskPublished,), ("env", "sink"), accepts_json=True),
+    Topic("rollouts", "group_id", (RolloutCompleted,), ("judge", "sink")),
     Topic("trace-nodes", "rollout_id", (TraceNode,)),
-    Topic("tokens", "rollout_id", (TokenRecord,)),
-    Topic("scored", "group_id", (RolloutScored,)),
-    Topic("batches", "run_id", (TrainBatch,)),
-    Topic("weights", "run_id", (WeightVersion, WeightLoaded)),
+    Topic("tokens", "rollout_id", (TokenRecord,), ("orchestrator", "sink")),
+    Topic("scored", "group_id", (RolloutScored,), ("orchestrator", "sink")),
+    Topic("batches", "run_id", (TrainBatch,), ("trainer", "sink")),
+    Topic("weights", "run_id", (WeightVersion, WeightLoaded), ("inference", "orchestrator", "sink")),
     Topic("steps", "run_id", (TrainStep,)),
     Topic("dlq", "key", (DeadLetter,)),
 )

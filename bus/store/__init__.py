@@ -1,11 +1,24 @@
 """The ClickHouse store (DESIGN.md: Storage): event tables, migrations, the Store client and
 the read-only loopback endpoint a chdb store's holder serves to other processes."""
 
-from rlbus.bus.store.client import DEFAULT_URL, Rows, Store, StoreError, StoreLockedError, open_store
+from rlbus.bus.store.client import (
+    DEFAULT_URL,
+    Rows,
+    Store,
+    StoreError,
+    StoreLockedError,
+    open_store,
+)
 from rlbus.bus.store.endpoint import Endpoint
 from rlbus.bus.store.migrate import MigrationError
 
 __all__ = [
-    "DEFAULT_URL", "Endpoint", "MigrationError", "Rows", "Store", "StoreError", "StoreLockedError",
+    "DEFAULT_URL",
+    "Endpoint",
+    "MigrationError",
+    "Rows",
+    "Store",
+    "StoreError",
+    "StoreLockedError",
     "open_store",
 ]

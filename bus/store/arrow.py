@@ -8,7 +8,7 @@ Python lists.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
+from itertools import chain, pairwise
 from operator import attrgetter
 from typing import Any, TypeVar
 
@@ -57,7 +57,9 @@ def events_to_arrow(events: Sequence[Event], positions: Sequence[tuple[int, int]
     """One Arrow table for events of a single kind, with their (partition, offset) positions."""
     kinds = set(map(type, events))
     if len(kinds) != 1:
-        raise ValueError(f"expected events of one kind, got {sorted(k.__name__ for k in kinds) or 'none'}")
+        raise ValueError(
+            f"expected events of one kind, got {sorted(k.__name__ for k in kinds) or 'none'}"
+        )
     if len(positions) != len(events):
         raise ValueError(f"{len(events)} events but {len(positions)} (partition, offset) positions")
     columns = columns_of(kinds.pop())
@@ -73,7 +75,7 @@ def _packed_from_arrow(column: Column, array: pa.Array) -> list[bytes]:
     assert column.dtype is not None
     raw = array.values.to_numpy(zero_copy_only=False).astype(column.dtype, copy=False).tobytes()
     bounds = (array.offsets.to_numpy() * column.dtype.itemsize).tolist()
-    return [raw[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [raw[a:b] for a, b in pairwise(bounds)]
 
 
 def _from_arrow(column: Column, chunks: pa.ChunkedArray) -> list[Any]:
@@ -91,11 +93,11 @@ def _from_arrow(column: Column, chunks: pa.ChunkedArray) -> list[Any]:
 
 
 def arrow_to_events(kind: type[E], table: pa.Table) -> list[E]:
-    """Rows of `kind`'s table back into Structs; extra columns (positions, ingested_at) are ignored."""
+    """Rows of `kind`'s table back into Structs; columns that are not fields are ignored."""
     columns = columns_of(kind)
     missing = [c.name for c in columns if c.name not in table.column_names]
     if missing:
         raise ValueError(f"{kind.table}: result lacks the columns {missing} of {kind.__name__}")
     values = [_from_arrow(c, table.column(c.name)) for c in columns]
     names = [c.name for c in columns]
-    return [kind(**dict(zip(names, row))) for row in zip(*values)]
+    return [kind(**dict(zip(names, row, strict=True))) for row in zip(*values, strict=True)]

@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Any, TypeVar
 
 import clickhouse_connect
@@ -22,12 +23,11 @@ from clickhouse_connect.driver.client import Client
 
 from rlbus.bus.store.arrow import arrow_to_events, events_to_arrow
 from rlbus.bus.store.columns import columns_of
-from rlbus.bus.store.ddl import quote
 from rlbus.bus.store.endpoint import Endpoint
 from rlbus.bus.store.holder import ENDPOINT_FILE, holder_pid, read_endpoint
 from rlbus.bus.store.migrate import migrate
-from rlbus.bus.store.sqltext import read_only_problem, trailing_format
-from rlbus.schemas.events import Event
+from rlbus.bus.store.sqltext import quote, read_only_problem, trailing_format
+from rlbus.schemas.events import EVENT_TYPES, Event
 
 E = TypeVar("E", bound=Event)
 
@@ -51,8 +51,14 @@ class Rows:
 class Store:
     """Use `open_store`. Safe to share between threads."""
 
-    def __init__(self, url: str, *, read_only: bool, data_dir: Path | None = None,
-                 server_url: str | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        read_only: bool,
+        data_dir: Path | None = None,
+        server_url: str | None = None,
+    ):
         self.url = url
         self.read_only = read_only
         self.data_dir = data_dir
@@ -76,7 +82,9 @@ class Store:
             if self.data_dir is not None:
                 client = clickhouse_connect.get_client(interface="chdb", path=str(self.data_dir))
             else:
-                client = clickhouse_connect.get_client(dsn=self._server_url)
+                # The DSN's scheme alone does not pick TLS (only ports 443/8443 do), so say it.
+                scheme = urlsplit(self._server_url).scheme
+                client = clickhouse_connect.get_client(dsn=self._server_url, interface=scheme)
             self._clients.append(client)
         self._local.client = client
         return client
@@ -92,14 +100,15 @@ class Store:
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Rows:
         self._check_read(sql)
         result = self._client().query(sql, parameters=parameters)
-        return Rows(tuple(result.column_names), result.result_rows)
+        return Rows(tuple(result.column_names), [tuple(row) for row in result.result_rows])
 
     def query_arrow(self, sql: str, parameters: dict[str, Any] | None = None) -> pa.Table:
         self._check_read(sql)
         return self._client().query_arrow(sql, parameters=parameters, use_strings=True)
 
-    def query_raw(self, sql: str, fmt: str = "TabSeparated",
-                  parameters: dict[str, Any] | None = None) -> bytes:
+    def query_raw(
+        self, sql: str, fmt: str = "TabSeparated", parameters: dict[str, Any] | None = None
+    ) -> bytes:
         """The result as ClickHouse formats it (`fmt`, unless the SQL ends in its own FORMAT)."""
         self._check_read(sql)
         own_format = trailing_format(sql.rstrip().rstrip(";"))
@@ -115,8 +124,25 @@ class Store:
         self._check_write("migrate")
         return migrate(self._client())
 
-    def insert_events(self, events: Sequence[Event], positions: Sequence[tuple[int, int]],
-                      dedup_token: str) -> int:
+    def set_dedup_window(self, blocks: int) -> None:
+        """Remember `blocks` inserted blocks per event table for insert_deduplication_token."""
+        self._check_write("change the dedup window")
+        current = dict(
+            self.query(
+                "SELECT name, extract(engine_full, 'non_replicated_deduplication_window = ([0-9]+)') "
+                "FROM system.tables WHERE database = currentDatabase()"
+            ).rows
+        )
+        for kind in EVENT_TYPES:
+            if current.get(kind.table) != str(blocks):
+                self.command(
+                    f"ALTER TABLE {quote(kind.table)} "
+                    f"MODIFY SETTING non_replicated_deduplication_window = {blocks}"
+                )
+
+    def insert_events(
+        self, events: Sequence[Event], positions: Sequence[tuple[int, int]], dedup_token: str
+    ) -> int:
         """Insert events of one kind with their Kafka (partition, offset) positions, as one block.
 
         A block re-sent with the same `dedup_token` (e.g. its topic-partition-offset range) is
@@ -131,8 +157,13 @@ class Store:
         self._client().insert_arrow(type(events[0]).table, table, settings=settings)
         return table.num_rows
 
-    def read_events(self, kind: type[E], where: str = "", final: bool = True,
-                    parameters: dict[str, Any] | None = None) -> list[E]:
+    def read_events(
+        self,
+        kind: type[E],
+        where: str = "",
+        final: bool = True,
+        parameters: dict[str, Any] | None = None,
+    ) -> list[E]:
         """Stored events of `kind` in ORDER BY order; `where` is a SQL condition, and FINAL
         collapses duplicates of an event_id that merges have not removed yet."""
         select = ", ".join(quote(c.name) for c in columns_of(kind))
@@ -145,7 +176,9 @@ class Store:
     def serve(self, host: str = "127.0.0.1", port: int = 0) -> Endpoint:
         """Serve read-only queries to other processes until the store closes (chdb stores only)."""
         if self.data_dir is None:
-            raise StoreError(f"only the process holding a chdb store can serve it; {self.url} is not one")
+            raise StoreError(
+                f"only the process holding a chdb store can serve it; {self.url} is not one"
+            )
         if self._endpoint is None:
             self._client()  # the engine must be up before the endpoint's connections join it
             self._endpoint = Endpoint(self.data_dir, host, port)
@@ -169,10 +202,13 @@ class Store:
         self.close()
 
 
-def _migrated(store: Store) -> Store:
+def _prepared(store: Store, dedup_window: int | None) -> Store:
+    """A writable store with its migrations applied and its dedup window set."""
     if not store.read_only:
         try:
             store.migrate()
+            if dedup_window is not None:
+                store.set_dedup_window(dedup_window)
         except BaseException:
             store.close()
             raise
@@ -187,13 +223,13 @@ def _live(endpoint_url: str) -> bool:
         return False
 
 
-def _open_chdb(url: str, path: str, read_only: bool) -> Store:
+def _open_chdb(url: str, path: str, read_only: bool, dedup_window: int | None) -> Store:
     data_dir = Path(os.path.realpath(path))
     pid = holder_pid(data_dir)
     if pid is None or pid == os.getpid():
         if read_only and not data_dir.is_dir():
             raise StoreError(f"no store at {data_dir} ({url}): nothing has written there yet")
-        return _migrated(Store(url, read_only=read_only, data_dir=data_dir))
+        return _prepared(Store(url, read_only=read_only, data_dir=data_dir), dedup_window)
     holder = f"process {pid}" if pid > 0 else "another process"
     if not read_only:
         raise StoreLockedError(
@@ -203,16 +239,22 @@ def _open_chdb(url: str, path: str, read_only: bool) -> Store:
     endpoint_url = read_endpoint(data_dir)
     if endpoint_url and _live(endpoint_url):
         return Store(url, read_only=True, server_url=endpoint_url)
-    found = (f"its endpoint {endpoint_url} does not answer" if endpoint_url
-             else f"it serves no read-only endpoint (no {data_dir / ENDPOINT_FILE})")
+    found = (
+        f"its endpoint {endpoint_url} does not answer"
+        if endpoint_url
+        else f"it serves no read-only endpoint (no {data_dir / ENDPOINT_FILE})"
+    )
     raise StoreLockedError(
         f"{data_dir} ({url}) is held by {holder} and {found}. Wait for it to start serving "
         "(store.serve_http = true), stop it, or query a copy of the directory."
     )
 
 
-def open_store(url: str = DEFAULT_URL, *, read_only: bool = False) -> Store:
-    """Open a store. A writable open applies pending migrations first.
+def open_store(
+    url: str = DEFAULT_URL, *, read_only: bool = False, dedup_window: int | None = None
+) -> Store:
+    """Open a store. A writable open applies pending migrations first, then `dedup_window`
+    (StoreConfig.dedup_window) when given.
 
     `chdb://PATH` (relative or `chdb:///absolute`) or `http(s)://[user:pass@]host:port[/db]`.
     Read-only opens of a chdb directory held by another process go through its endpoint;
@@ -222,7 +264,9 @@ def open_store(url: str = DEFAULT_URL, *, read_only: bool = False) -> Store:
         path = url.removeprefix("chdb://")
         if not path:
             raise StoreError(f"{url!r} names no directory; use chdb://PATH, e.g. {DEFAULT_URL}")
-        return _open_chdb(url, path, read_only)
+        return _open_chdb(url, path, read_only, dedup_window)
     if url.startswith(("http://", "https://")):
-        return _migrated(Store(url, read_only=read_only, server_url=url))
-    raise StoreError(f"unsupported store url {url!r}: use chdb://PATH or http(s)://host:port[/database]")
+        return _prepared(Store(url, read_only=read_only, server_url=url), dedup_window)
+    raise StoreError(
+        f"unsupported store url {url!r}: use chdb://PATH or http(s)://host:port[/database]"
+    )

@@ -17,10 +17,25 @@ from rlbus.schemas.events import Event
 TIMESTAMP_TYPE = "DateTime64(6, 'UTC')"
 """`ts` (float Unix seconds) is stored at microsecond precision."""
 
-LOW_CARDINALITY = frozenset({
-    "run_id", "env", "status", "model", "role", "finish_reason", "format", "algorithm",
-    "branch_id", "consumer_group", "origin_topic", "error_kind", "split", "harness", "loss",
-})
+LOW_CARDINALITY = frozenset(
+    {
+        "run_id",
+        "env",
+        "status",
+        "model",
+        "role",
+        "finish_reason",
+        "format",
+        "algorithm",
+        "branch_id",
+        "consumer_group",
+        "origin_topic",
+        "error_kind",
+        "split",
+        "harness",
+        "loss",
+    }
+)
 """String fields with few distinct values per run: dictionary-encoded on disk and in memory."""
 
 
@@ -58,6 +73,11 @@ class ExtraColumn:
     ch_type: str
     default: str = ""
 
+    @property
+    def spec(self) -> str:
+        """Type and default, as CREATE TABLE takes them and DESCRIBE shows them."""
+        return f"{self.ch_type} DEFAULT {self.default}" if self.default else self.ch_type
+
 
 POSITION_COLUMNS: tuple[ExtraColumn, ...] = (
     ExtraColumn("kafka_partition", "UInt32"),
@@ -66,7 +86,11 @@ POSITION_COLUMNS: tuple[ExtraColumn, ...] = (
 INGESTED_AT = ExtraColumn("ingested_at", TIMESTAMP_TYPE, "now64(6)")
 EXTRA_COLUMNS: tuple[ExtraColumn, ...] = (*POSITION_COLUMNS, INGESTED_AT)
 
-_PACKED_ARROW = {"Array(UInt32)": pa.uint32(), "Array(Float32)": pa.float32(), "Array(UInt8)": pa.uint8()}
+_PACKED_ARROW = {
+    "Array(UInt32)": pa.uint32(),
+    "Array(Float32)": pa.float32(),
+    "Array(UInt8)": pa.uint8(),
+}
 _SCALARS: dict[Any, tuple[str, pa.DataType]] = {
     int: ("Int64", pa.int64()),
     float: ("Float64", pa.float64()),
@@ -76,7 +100,7 @@ _SCALARS: dict[Any, tuple[str, pa.DataType]] = {
 
 
 def _packed_column(name: str, annotation: Any) -> Column | None:
-    """A field annotated like schemas/packed.py's TokenIds: Meta(extra={"ch": ..., "packed": ...})."""
+    """A field annotated like schemas/packed.py's TokenIds: Meta(extra={"ch", "packed"})."""
     if get_origin(annotation) is not Annotated:
         return None
     for meta in get_args(annotation)[1:]:
@@ -88,8 +112,14 @@ def _packed_column(name: str, annotation: Any) -> Column | None:
                     f"field {name!r}: Meta extra {extra!r} names no packed array type this store "
                     f"knows ({sorted(_PACKED_ARROW)})"
                 )
-            return Column(name, ch_type, pa.list_(_PACKED_ARROW[ch_type]), Codec.PACKED, annotation,
-                          np.dtype(extra["packed"]))
+            return Column(
+                name,
+                ch_type,
+                pa.list_(_PACKED_ARROW[ch_type]),
+                Codec.PACKED,
+                annotation,
+                np.dtype(extra["packed"]),
+            )
     return None
 
 
@@ -99,7 +129,9 @@ def column_for(name: str, annotation: Any) -> Column:
     if packed is not None:
         return packed
     if name == "ts" and annotation is float:
-        return Column(name, TIMESTAMP_TYPE, pa.timestamp("us", tz="UTC"), Codec.TIMESTAMP, annotation)
+        return Column(
+            name, TIMESTAMP_TYPE, pa.timestamp("us", tz="UTC"), Codec.TIMESTAMP, annotation
+        )
     if annotation is str:
         ch_type = "LowCardinality(String)" if name in LOW_CARDINALITY else "String"
         return Column(name, ch_type, pa.string(), Codec.PLAIN, annotation)
@@ -109,8 +141,9 @@ def column_for(name: str, annotation: Any) -> Column:
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is dict and len(args) == 2 and args[0] is str and args[1] in (int, float):
         ch_type, arrow_type = _SCALARS[args[1]]
-        return Column(name, f"Map(String, {ch_type})", pa.map_(pa.string(), arrow_type), Codec.MAP,
-                      annotation)
+        return Column(
+            name, f"Map(String, {ch_type})", pa.map_(pa.string(), arrow_type), Codec.MAP, annotation
+        )
     if origin is list and args == (str,):
         return Column(name, "Array(String)", pa.list_(pa.string()), Codec.STR_LIST, annotation)
     return Column(name, "String", pa.binary(), Codec.JSON, annotation)
@@ -120,4 +153,3 @@ def column_for(name: str, annotation: Any) -> Column:
 def columns_of(kind: type[Event]) -> tuple[Column, ...]:
     """The event columns of `kind`'s table, in field order."""
     return tuple(column_for(f.name, f.type) for f in msgspec.structs.fields(kind))
-

@@ -8,31 +8,27 @@ tests/test_store_schema.py fails until the migrated tables match the Structs aga
 from __future__ import annotations
 
 from rlbus.bus.store.columns import EXTRA_COLUMNS, columns_of
+from rlbus.bus.store.sqltext import quote
 from rlbus.schemas.events import EVENT_TYPES, Event
 
 DEDUP_WINDOW = 10_000
-"""Blocks remembered per table for insert_deduplication_token (StoreConfig.dedup_window's default)."""
-
-
-def quote(identifier: str) -> str:
-    return "`" + identifier.replace("\\", "\\\\").replace("`", "\\`") + "`"
+"""Blocks remembered per table for insert_deduplication_token; StoreConfig.dedup_window's
+default. `open_store(..., dedup_window=N)` changes it on existing tables."""
 
 
 def id_columns(kind: type[Event]) -> list[str]:
     """Columns worth a bloom-filter index: ids looked up by equality. The leading ORDER BY
     column is left out because the primary index already finds it."""
     return [
-        c.name for c in columns_of(kind)
+        c.name
+        for c in columns_of(kind)
         if (c.name == "event_id" or c.name.endswith("_id")) and c.name != kind.order_by[0]
     ]
 
 
-def create_table(kind: type[Event], dedup_window: int = DEDUP_WINDOW) -> str:
+def create_table(kind: type[Event]) -> str:
     lines = [f"    {quote(c.name)} {c.ch_type}" for c in columns_of(kind)]
-    lines += [
-        f"    {quote(c.name)} {c.ch_type}" + (f" DEFAULT {c.default}" if c.default else "")
-        for c in EXTRA_COLUMNS
-    ]
+    lines += [f"    {quote(c.name)} {c.spec}" for c in EXTRA_COLUMNS]
     lines += [
         f"    INDEX {quote('idx_' + name)} {quote(name)} TYPE bloom_filter(0.01) GRANULARITY 4"
         for name in id_columns(kind)
@@ -43,7 +39,7 @@ def create_table(kind: type[Event], dedup_window: int = DEDUP_WINDOW) -> str:
         f"CREATE TABLE IF NOT EXISTS {quote(kind.table)}\n(\n{body}\n)\n"
         "ENGINE = ReplacingMergeTree\n"
         f"ORDER BY ({', '.join(quote(name) for name in kind.order_by)})\n"
-        f"SETTINGS non_replicated_deduplication_window = {dedup_window}"
+        f"SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}"
     )
 
 

@@ -18,29 +18,60 @@ import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import NoReturn
 from urllib.parse import parse_qsl, urlsplit
 
 import chdb
 
-from rlbus.bus.store.ddl import quote
 from rlbus.bus.store.holder import endpoint_file
-from rlbus.bus.store.sqltext import SqlTextError, read_only_problem, split_statements, trailing_format
+from rlbus.bus.store.sqltext import (
+    SqlTextError,
+    quote,
+    read_only_problem,
+    split_statements,
+    trailing_format,
+)
 
-# ClickHouse error codes the endpoint answers with itself.
+# ClickHouse error codes the endpoint answers with.
 UNSUPPORTED_METHOD = 1
+UNKNOWN_TABLE = 60
 SYNTAX_ERROR = 62
+UNKNOWN_DATABASE = 81
 READONLY = 164
 STD_EXCEPTION = 1001
 
-# URL parameters that steer the HTTP interface itself; every other one is a query setting.
-_TRANSPORT_PARAMS = frozenset({
-    "query", "database", "default_format", "user", "password", "quota_key", "query_id",
-    "session_id", "session_timeout", "session_check", "compress", "decompress", "buffer_size",
-    "wait_end_of_query", "client_protocol_version", "role", "enable_http_compression",
-    "send_progress_in_http_headers", "http_headers_progress_interval_ms", "readonly",
-})
-_STATUS_BY_CODE = {SYNTAX_ERROR: HTTPStatus.BAD_REQUEST, 60: HTTPStatus.NOT_FOUND,
-                   81: HTTPStatus.NOT_FOUND, READONLY: HTTPStatus.FORBIDDEN}
+# URL parameters that are not query settings: they steer the HTTP interface, or (readonly) the
+# endpoint decides them itself. Every other parameter is applied as a setting.
+_TRANSPORT_PARAMS = frozenset(
+    {
+        "query",
+        "database",
+        "default_format",
+        "user",
+        "password",
+        "quota_key",
+        "query_id",
+        "session_id",
+        "session_timeout",
+        "session_check",
+        "compress",
+        "decompress",
+        "buffer_size",
+        "wait_end_of_query",
+        "client_protocol_version",
+        "role",
+        "enable_http_compression",
+        "send_progress_in_http_headers",
+        "http_headers_progress_interval_ms",
+        "readonly",
+    }
+)
+_STATUS_BY_CODE = {
+    SYNTAX_ERROR: HTTPStatus.BAD_REQUEST,
+    UNKNOWN_TABLE: HTTPStatus.NOT_FOUND,
+    UNKNOWN_DATABASE: HTTPStatus.NOT_FOUND,
+    READONLY: HTTPStatus.FORBIDDEN,
+}
 """As a ClickHouse server answers: unknown table/database 404, syntax 400, read-only 403."""
 _CODE = re.compile(r"Code: (\d+)")
 _TEXT_FORMATS = ("TabSeparated", "TSV", "CSV", "Pretty", "Vertical", "Markdown", "Values")
@@ -83,6 +114,8 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "rlbus-store"
+    timeout = 30.0
+    """Seconds a silent client may hold a request thread; shutdown waits for those threads."""
 
     def do_GET(self) -> None:
         self._handle()
@@ -106,39 +139,68 @@ class _Handler(BaseHTTPRequestHandler):
             body, headers = self._execute(self._statement(params), params)
         except QueryError as exc:
             status = _STATUS_BY_CODE.get(exc.code, HTTPStatus.INTERNAL_SERVER_ERROR)
-            self._reply(status, exc.body(), {"X-ClickHouse-Exception-Code": str(exc.code),
-                                             "Content-Type": "text/plain; charset=UTF-8"})
+            self._reply(
+                status,
+                exc.body(),
+                {
+                    "X-ClickHouse-Exception-Code": str(exc.code),
+                    "Content-Type": "text/plain; charset=UTF-8",
+                },
+            )
             return
         self._reply(HTTPStatus.OK, body, headers)
 
     def _statement(self, params: dict[str, str]) -> str:
-        """The one read-only statement this request carries, like a server joins it: the
-        `query` parameter, then the body."""
-        sql = "\n".join(part for part in (params.get("query", ""), self._body()) if part)
+        """The one read-only statement this request carries, joined as a server joins it: the
+        `query` parameter, then the body. Writes are named before the body is judged, so an
+        insert is refused as an insert whatever its data looks like."""
+        raw = self._body()
+        if self.headers.get("Content-Encoding", "identity") != "identity":
+            # clickhouse-connect compresses only inserts, with the INSERT inside the body.
+            self._refuse_write(
+                self._problem(params.get("query", "")) or "a compressed body carries an insert"
+            )
+        sql = "\n".join(
+            part for part in (params.get("query", ""), raw.decode(errors="replace")) if part
+        )
+        if problem := self._problem(sql):
+            self._refuse_write(problem)
         try:
-            problem = read_only_problem(sql)
-        except SqlTextError as exc:
-            raise QueryError(SYNTAX_ERROR, f"cannot parse the query: {exc}", "SYNTAX_ERROR") from None
-        if problem:
-            raise _refused(f"rlbus store endpoint (pid {os.getpid()}) is read-only: {problem}; "
-                           "writes go through the process that holds the store")
+            raw.decode()
+        except UnicodeDecodeError as exc:
+            raise _refused(
+                f"the request body is not UTF-8 SQL ({exc}); data uploads are refused"
+            ) from None
         return split_statements(sql)[0]
 
-    def _body(self) -> str:
-        if self.headers.get("Content-Encoding", "identity") != "identity":
-            raise _refused("compressed request bodies are refused: this endpoint only reads, "
-                           "and only inserts are sent compressed")
-        if "multipart/form-data" in self.headers.get("Content-Type", ""):
-            raise QueryError(UNSUPPORTED_METHOD, "form-encoded queries are not supported; send "
-                                                 "the query as the body", "UNSUPPORTED_METHOD")
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            raw = self._chunked_body()
-        else:
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+    @staticmethod
+    def _problem(sql: str) -> str | None:
+        if not sql:
+            return None
         try:
-            return raw.decode()
-        except UnicodeDecodeError as exc:
-            raise _refused(f"the request body is not UTF-8 SQL ({exc}); data uploads are refused") from None
+            return read_only_problem(sql)
+        except SqlTextError as exc:
+            raise QueryError(
+                SYNTAX_ERROR, f"cannot parse the query: {exc}", "SYNTAX_ERROR"
+            ) from None
+
+    @staticmethod
+    def _refuse_write(problem: str) -> NoReturn:
+        raise _refused(
+            f"rlbus store endpoint (pid {os.getpid()}) is read-only: {problem}; "
+            "writes go through the process that holds the store"
+        )
+
+    def _body(self) -> bytes:
+        if "multipart/form-data" in self.headers.get("Content-Type", ""):
+            raise QueryError(
+                UNSUPPORTED_METHOD,
+                "form-encoded queries are not supported; send the query as the body",
+                "UNSUPPORTED_METHOD",
+            )
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            return self._chunked_body()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
     def _chunked_body(self) -> bytes:
         chunks = []
@@ -152,8 +214,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _execute(self, statement: str, params: dict[str, str]) -> tuple[bytes, dict[str, str]]:
         fmt = params.get("default_format") or "TabSeparated"
         bind = {k.removeprefix("param_"): v for k, v in params.items() if k.startswith("param_")}
-        settings = {k: v for k, v in params.items()
-                    if k not in _TRANSPORT_PARAMS and not k.startswith("param_")}
+        settings = {
+            k: v
+            for k, v in params.items()
+            if k not in _TRANSPORT_PARAMS and not k.startswith("param_")
+        }
         connection = chdb.connect(self.server.engine_path)
         try:
             # readonly=2 still lets a client change settings, but not readonly itself.
@@ -164,13 +229,18 @@ class _Handler(BaseHTTPRequestHandler):
                 connection.query(f"USE {quote(database)}")
             result = connection.query(statement, fmt, params=bind or None)
             body = result.bytes()
-            summary = {"read_rows": str(result.rows_read()), "read_bytes": str(result.bytes_read()),
-                       "elapsed_ns": str(int(result.elapsed() * 1e9))}
+            summary = {
+                "read_rows": str(result.rows_read()),
+                "read_bytes": str(result.bytes_read()),
+                "elapsed_ns": str(int(result.elapsed() * 1e9)),
+            }
         except Exception as exc:
             message = str(exc)
             match = _CODE.search(message)
-            raise QueryError(int(match.group(1)) if match else STD_EXCEPTION,
-                             message.split("DB::Exception: ", 1)[-1]) from None
+            raise QueryError(
+                int(match.group(1)) if match else STD_EXCEPTION,
+                message.split("DB::Exception: ", 1)[-1],
+            ) from None
         finally:
             connection.close()
         fmt = trailing_format(statement) or fmt
@@ -208,12 +278,13 @@ class Endpoint:
         finally:
             probe.close()
         self._server = _Server((host, port), engine_path, timezone)
-        bound_host, bound_port = self._server.server_address[:2]
-        self.url = f"http://{bound_host}:{bound_port}"
+        self.url = f"http://{host}:{self._server.server_port}"
         self._file = endpoint_file(Path(engine_path))
         self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
-            name="rlbus-store-endpoint", daemon=True,
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="rlbus-store-endpoint",
+            daemon=True,
         )
         self._thread.start()
         staging = self._file.with_name(f"{self._file.name}.{os.getpid()}")

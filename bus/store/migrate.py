@@ -49,7 +49,9 @@ def load_migrations(directory: Traversable = MIGRATIONS_DIR) -> list[Migration]:
             continue
         version = int(match.group(1))
         if version in found:
-            raise MigrationError(f"two migrations numbered {version:04d}: {found[version].name} and {entry.name}")
+            raise MigrationError(
+                f"two migrations numbered {version:04d}: {found[version].name} and {entry.name}"
+            )
         found[version] = Migration(version, entry.name, entry.read_text())
     return [found[v] for v in sorted(found)]
 
@@ -69,7 +71,8 @@ def migrate(client: Client, migrations: list[Migration] | None = None) -> list[s
             name, checksum = applied[migration.version]
             if checksum != migration.checksum:
                 raise MigrationError(
-                    f"migration {migration.name} differs from {name}, applied to this store earlier; "
+                    f"migration {migration.name} differs from {name}, applied to this store "
+                    "earlier; "
                     "applied migrations must not change: put the change in a new numbered migration"
                 )
             continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterator
+from itertools import pairwise
 
 
 class SqlTextError(ValueError):
@@ -45,7 +46,9 @@ def _quoted_end(sql: str, start: int) -> int:
             i += 2
         else:
             i += 1
-    raise SqlTextError(f"unterminated {quote} quote starting at position {start}: {sql[start:start + 40]!r}")
+    raise SqlTextError(
+        f"unterminated {quote} quote starting at position {start}: {sql[start : start + 40]!r}"
+    )
 
 
 def _block_comment_end(sql: str, start: int) -> int:
@@ -83,7 +86,9 @@ def tokens(sql: str) -> Iterator[tuple[Tok, int, int]]:
         elif c == "$" and (heredoc := _HEREDOC.match(sql, i)):
             close = sql.find(heredoc.group(0), heredoc.end())
             if close < 0:
-                raise SqlTextError(f"unterminated {heredoc.group(0)} heredoc starting at position {i}")
+                raise SqlTextError(
+                    f"unterminated {heredoc.group(0)} heredoc starting at position {i}"
+                )
             end, kind = close + len(heredoc.group(0)), Tok.QUOTED
         elif word := _WORD.match(sql, i):
             end, kind = word.end(), Tok.WORD
@@ -93,6 +98,11 @@ def tokens(sql: str) -> Iterator[tuple[Tok, int, int]]:
             end, kind = i + 1, Tok.OTHER
         yield kind, i, end
         i = end
+
+
+def quote(identifier: str) -> str:
+    """A backquoted identifier (`index`, a column name that is also a keyword, stays a name)."""
+    return "`" + identifier.replace("\\", "\\\\").replace("`", "\\`") + "`"
 
 
 def split_statements(sql: str) -> list[str]:
@@ -116,18 +126,29 @@ def words(statement: str) -> list[str]:
 
 
 def read_only_problem(sql: str) -> str | None:
-    """Why `sql` is not exactly one read-only statement, or None when it is."""
-    statements = split_statements(sql)
-    if not statements:
+    """Why `sql` is not exactly one read-only statement, or None when it is.
+
+    The leading keyword is judged first, from the first tokens only, so that a write is named
+    as such even when what follows it (e.g. an insert's binary data) is not SQL.
+    """
+    lead = next(
+        (
+            sql[s:e]
+            for k, s, e in tokens(sql)
+            if k not in (Tok.COMMENT, Tok.SEMICOLON) and sql[s:e] != "("
+        ),
+        "",
+    )
+    if not lead:
         return "empty query"
+    if lead.upper() not in READ_STATEMENTS:
+        allowed = ", ".join(READ_STATEMENTS)
+        return f"{lead.upper()} statements are refused (read-only access allows {allowed})"
+    statements = split_statements(sql)
     if len(statements) > 1:
         return f"{len(statements)} statements in one request; send one statement at a time"
-    significant = [(k, sql[s:e]) for k, s, e in tokens(statements[0]) if k is not Tok.COMMENT]
-    lead = next((text for kind, text in significant if text != "("), "")
-    if lead.upper() not in READ_STATEMENTS:
-        return f"{lead.upper()} statements are refused (read-only access allows {', '.join(READ_STATEMENTS)})"
     upper = words(statements[0])
-    if any(a == "INTO" and b == "OUTFILE" for a, b in zip(upper, upper[1:])):
+    if ("INTO", "OUTFILE") in pairwise(upper):
         return "SELECT ... INTO OUTFILE writes a file, which read-only access refuses"
     return None
 
@@ -135,6 +156,10 @@ def read_only_problem(sql: str) -> str | None:
 def trailing_format(statement: str) -> str | None:
     """The name in a trailing `FORMAT name` clause, if the statement ends with one."""
     significant = [statement[s:e] for k, s, e in tokens(statement) if k is not Tok.COMMENT]
-    if len(significant) >= 2 and significant[-2].upper() == "FORMAT" and _WORD.fullmatch(significant[-1]):
+    if (
+        len(significant) >= 2
+        and significant[-2].upper() == "FORMAT"
+        and _WORD.fullmatch(significant[-1])
+    ):
         return significant[-1]
     return None

@@ -506,6 +506,8 @@ class Engine:
         top_ids = drawn.top_ids.tolist() if drawn.top_ids is not None else None
         top_lps = drawn.top_logprobs.tolist() if drawn.top_logprobs is not None else None
         version = self._version
+        # Counted before any result is handed out, so a caller that got its result sees it counted.
+        self._counters.tokens_generated += len(rows)
         keep: list[int] = []
         for i, seq in enumerate(rows):
             top = None
@@ -523,7 +525,6 @@ class Engine:
                 keep.append(i)
             else:
                 self._finish(seq, reason)
-        self._counters.tokens_generated += len(rows)
         return keep, drawn.tokens
 
     def _finish(self, seq: _Sequence, reason: FinishReason) -> None:

@@ -80,7 +80,8 @@ def sampling_params(req: ChatRequest, stop_token_ids: list[int], choice: int) ->
         top_p=1.0 if req.top_p is None else req.top_p,
         max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
         stop=stop,
-        stop_token_ids=[*req.stop_token_ids, *stop_token_ids],
+        # ignore_eos keeps sampling past the end of the turn, so the template's stop ids go too.
+        stop_token_ids=[*req.stop_token_ids, *([] if req.ignore_eos else stop_token_ids)],
         ignore_eos=req.ignore_eos,
         # n choices with one seed must still differ from each other.
         seed=None if req.seed is None else req.seed + choice,

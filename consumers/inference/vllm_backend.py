@@ -24,6 +24,7 @@ import posixpath
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -152,6 +153,7 @@ def stage_checkpoint(uri: str, into: str | None = None) -> str:
         return path
     _, files = checkpoint_files(uri)
     target = into or tempfile.mkdtemp(prefix="rlbus-weights-")
+    Path(target).mkdir(parents=True, exist_ok=True)
     for file in files:
         fs.get(file, posixpath.join(target, posixpath.basename(file)))
     return target

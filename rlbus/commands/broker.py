@@ -13,6 +13,7 @@ from rich.table import Table
 from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, console, settings_from
 from rlbus.config import Settings
 from rlbus.runtime import local_broker, require_bootstrap
+from rlbus.schemas import TOPICS
 
 
 def broker(ctx: typer.Context, config: ConfigOption = None) -> None:
@@ -50,17 +51,25 @@ async def _describe(settings: Settings) -> tuple[Table, Table]:
             topics.add_column(col, justify="right" if col != "topic" else "left")
         for t in names:
             topics.add_row(t, str(len(partitions[t])), f"{sum(ends.get(TopicPartition(t, p), 0) for p in partitions[t]):,}")
-        groups = Table(title="consumer groups")
+        groups = Table(title="consumer groups of rlbus roles")
         for col in ("group", "topic", "committed", "lag"):
             groups.add_column(col, justify="right" if col in ("committed", "lag") else "left")
-        for group_id, _protocol in sorted(await admin.list_consumer_groups()):
-            offsets = await admin.list_consumer_group_offsets(group_id)
-            by_topic: dict[str, tuple[int, int]] = {}
-            for tp, meta in offsets.items():
-                committed, lag = by_topic.get(tp.topic, (0, 0))
-                by_topic[tp.topic] = (committed + max(meta.offset, 0), lag + max(ends.get(tp, 0) - meta.offset, 0))
-            for topic, (committed, lag) in sorted(by_topic.items()):
-                groups.add_row(group_id, topic, f"{committed:,}", f"{lag:,}")
+        prefix = settings.kafka.topic_prefix
+        for topic in TOPICS:
+            name = prefix + topic.name
+            if name not in partitions:
+                continue
+            tps = [TopicPartition(name, p) for p in partitions[name]]
+            for group in topic.groups:
+                # Explicit partitions: the embedded broker drops the connection on an
+                # all-partitions OffsetFetch, and has no ListGroups.
+                offsets = await admin.list_consumer_group_offsets(prefix + group, partitions=tps)
+                committed = {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
+                if committed:
+                    # Clamped: Tansu 0.6 reports a batch-produced partition's end offset as its
+                    # last batch's base offset + 1, below what consumers have committed.
+                    lag = sum(max(0, ends.get(tp, 0) - committed.get(tp, 0)) for tp in tps)
+                    groups.add_row(prefix + group, topic.name, f"{sum(committed.values()):,}", f"{lag:,}")
         return topics, groups
     finally:
         await consumer.stop()
@@ -68,7 +77,7 @@ async def _describe(settings: Settings) -> tuple[Table, Table]:
 
 
 def topics(ctx: typer.Context, config: ConfigOption = None) -> None:
-    """List topics with partition counts and end offsets, and each consumer group's lag."""
+    """List topics with partition counts and end offsets, and the lag of each rlbus role's group."""
     settings = require_bootstrap(settings_from(ctx, config))
     for table in asyncio.run(_describe(settings)):
         console.print(table)

@@ -1,0 +1,175 @@
+"""Event-log throughput, each figure next to a baseline measured in the same run.
+
+1. pipeline: rlbus publish -> embedded broker -> sink process -> ClickHouse (until every row
+   is queryable), vs a bare aiokafka produce-and-consume of the same encoded bytes (the
+   broker's own limit here). Both consumers have joined their group before the clock starts.
+2. sink: decode + Arrow conversion + insert through the Store, vs a bare chdb insert of a
+   prebuilt Arrow table of the same rows (`INSERT ... SELECT * FROM Python(tbl)`).
+
+    python bench/bus.py [--events 100000] [--tokens 64]
+
+Last line: RESULT pipeline_vs_aiokafka=<ratio> sink_vs_chdb=<ratio>
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+import chdb
+import numpy as np
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from rich.console import Console
+from rich.table import Table
+
+from rlbus.bus import Bus, Delivery, EmbeddedBroker
+from rlbus.bus.store import open_store
+from rlbus.bus.store.arrow import events_to_arrow
+from rlbus.config import Settings, load_settings
+from rlbus.consumers.sink import Sink
+from rlbus.processes import RoleProcess, wait_for
+from rlbus.runtime import store_served_elsewhere
+from rlbus.schemas import TokenRecord, codec, derived_id
+from rlbus.schemas.packed import pack_logprobs, pack_tokens
+
+console = Console()
+
+
+def make_records(n: int, tokens: int, run_id: str) -> list[TokenRecord]:
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 32_000, (n, tokens), dtype=np.uint32)
+    lps = -rng.random((n, tokens), dtype=np.float32)
+    return [TokenRecord(rollout_id=derived_id("r", i), call_index=0, run_id=run_id,
+                        prompt_ids=pack_tokens(ids[i, :8]), completion_ids=pack_tokens(ids[i]),
+                        logprobs=pack_logprobs(lps[i]), policy_version=1) for i in range(n)]
+
+
+async def bare_aiokafka(bootstrap: str, payloads: list[bytes]) -> float:
+    """Seconds to produce all payloads and consume them back, consumer already joined."""
+    topic = "bare.tokens"
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
+                                max_batch_size=1024 * 1024, max_request_size=4 * 1024 * 1024)
+    await producer.start()
+    await producer.send_and_wait(topic, b"warm-up")
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id="bare", enable_auto_commit=False,
+                                auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1024 * 1024)
+    await consumer.start()
+    while not await consumer.getmany(timeout_ms=1000):
+        pass  # until the group is joined and the warm-up message is in
+
+    async def consume() -> None:
+        got = 0
+        while got < len(payloads):
+            batch = await consumer.getmany(timeout_ms=1000, max_records=2000)
+            got += sum(len(records) for records in batch.values())
+            await consumer.commit()
+
+    start = time.perf_counter()
+    consuming = asyncio.create_task(consume())
+    futures = [await producer.send(topic, p, key=str(i % 64).encode()) for i, p in enumerate(payloads)]
+    await asyncio.gather(*futures)
+    await consuming
+    elapsed = time.perf_counter() - start
+    await consumer.stop()
+    await producer.stop()
+    return elapsed
+
+
+def stored(settings: Settings) -> int:
+    with open_store(settings.store.url, read_only=True) as store:
+        return int(store.query("SELECT count() FROM tokens WHERE run_id = {r:String}",
+                               {"r": settings.run_id}).rows[0][0])
+
+
+async def publish(settings: Settings, events: list[TokenRecord]) -> None:
+    async with Bus(settings) as bus:
+        for i in range(0, len(events), 5000):
+            await bus.publish_many(events[i:i + 5000])
+
+
+def pipeline(settings: Settings, events: list[TokenRecord], logs: Path) -> float:
+    """Seconds from the first publish until every row is queryable, sink already joined."""
+    sink = RoleProcess("sink", settings, logs)
+    try:
+        wait_for(lambda: store_served_elsewhere(settings), 60, "the sink", processes=(sink,))
+        warm = settings.model_copy(update={"run_id": "warm-up"})
+        asyncio.run(publish(warm, make_records(1, 4, "warm-up")))
+        wait_for(lambda: stored(warm) == 1, 60, "the warm-up row", processes=(sink,))
+        start = time.perf_counter()
+        asyncio.run(publish(settings, events))
+        wait_for(lambda: stored(settings) >= len(events), 600, "all rows", interval_s=0.05, processes=(sink,))
+        return time.perf_counter() - start
+    finally:
+        sink.stop()
+
+
+def sink_vs_chdb(settings: Settings, payloads: list[bytes]) -> tuple[float, float]:
+    """Rows/s of the sink's handling path and of a bare chdb Arrow insert, same rows, same engine."""
+    batch = settings.store.batch_rows
+    run = "sink-bench"
+    with open_store(settings.store.url) as store:
+        sink = Sink(store)
+        start = time.perf_counter()
+        for i in range(0, len(payloads), batch):
+            deliveries = []
+            for offset, raw in enumerate(payloads[i:i + batch], start=i):
+                event = codec.decode("tokens", raw)
+                event.run_id = run
+                deliveries.append(Delivery(event, "tokens", 0, offset))
+            asyncio.run(sink.handle(deliveries))
+        sink_s = time.perf_counter() - start
+
+        store.command("CREATE TABLE IF NOT EXISTS tokens_bare AS tokens")
+        tables = []
+        for i in range(0, len(payloads), batch):
+            events = [codec.decode("tokens", raw) for raw in payloads[i:i + batch]]
+            tables.append(events_to_arrow(events, [(0, o) for o in range(i, i + len(events))]))
+        conn = chdb.connect(str(store.data_dir))
+        start = time.perf_counter()
+        columns = ", ".join(tables[0].column_names)
+        for tbl in tables:  # noqa: B007 - chdb's Python() table function reads `tbl` by name
+            conn.query(f"INSERT INTO tokens_bare ({columns}) SELECT * FROM Python(tbl)")
+        bare_s = time.perf_counter() - start
+        landed = store.query(f"SELECT count() FROM tokens WHERE run_id = '{run}'").rows[0][0]
+        bare_landed = store.query("SELECT count() FROM tokens_bare").rows[0][0]
+        assert landed == bare_landed == len(payloads), (landed, bare_landed)
+    return len(payloads) / sink_s, len(payloads) / bare_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--tokens", type=int, default=64, help="completion tokens per TokenRecord")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+        settings = load_settings(overrides={
+            "run_id": "bench", "kafka": {"bootstrap_servers": broker.bootstrap_servers},
+            "store": {"url": f"chdb://{tmp}/store"}, "claim_check": {"url": f"{tmp}/claims"}})
+        events = make_records(args.events, args.tokens, settings.run_id)
+        payloads = [codec.encode(e) for e in events]
+        console.print(f"{args.events:,} TokenRecords of {args.tokens} tokens, "
+                      f"{sum(map(len, payloads)) / len(payloads):.0f} bytes each")
+        bare_s = asyncio.run(bare_aiokafka(broker.bootstrap_servers, payloads))
+        pipe_s = pipeline(settings, events, Path(tmp) / "logs")
+        sink_rps, chdb_rps = sink_vs_chdb(settings, payloads)
+
+    n = args.events
+    table = Table(title="event log throughput (same run)")
+    for col in ("path", "events/s", "baseline", "baseline events/s", "ratio"):
+        table.add_column(col, justify="left" if col in ("path", "baseline") else "right")
+    pipeline_ratio = (n / pipe_s) / (n / bare_s)
+    sink_ratio = sink_rps / chdb_rps
+    table.add_row("publish → broker → sink → ClickHouse", f"{n / pipe_s:,.0f}", "bare aiokafka produce+consume",
+                  f"{n / bare_s:,.0f}", f"{pipeline_ratio:.2f}")
+    table.add_row("sink: decode + Arrow + insert", f"{sink_rps:,.0f}", "bare chdb Arrow insert",
+                  f"{chdb_rps:,.0f}", f"{sink_ratio:.2f}")
+    console.print(table)
+    print(f"RESULT pipeline_vs_aiokafka={pipeline_ratio:.3f} sink_vs_chdb={sink_ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()

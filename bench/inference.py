@@ -1,0 +1,139 @@
+"""Throughput and latency of the built-in inference engine against a bare `model.generate` loop.
+
+A tiny Llama (~0.9M parameters, built from a config) generates 64 tokens per request for 64
+chat prompts. The engine serves 1, 16 and 64 concurrent requests; the baseline calls
+`model.generate` on the same prompts with batch 1, 16 and 64 (left padding), same sampling
+(temperature 1, no top-k/top-p, EOS ignored so every sequence has the same length). Trials
+of the two alternate, and each figure is the best of the trials, so load from other
+processes on a shared machine hurts both sides alike rather than whichever ran at the time.
+
+    python bench/inference.py [--tokens 64] [--trials 5]
+
+Last line: RESULT c64_vs_generate=<engine tok/s / generate tok/s at 64>
+                  c1_latency_vs_generate=<engine latency / generate latency at 1>
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+from transformers import GenerationConfig
+
+from rlbus.consumers.inference.api import SamplingParams
+from rlbus.consumers.inference.engine import Engine
+from rlbus.consumers.inference.model_init import init_model
+from rlbus.consumers.inference.renderer import TemplateRenderer
+
+CONCURRENCY = (1, 16, 64)
+C1_REQUESTS = 4  # latency at concurrency 1 is the mean over this many prompts, one at a time
+
+console = Console()
+
+
+@dataclass
+class Figure:
+    seconds: float
+    tokens: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def chat_prompts(engine: Engine, n: int) -> list[list[int]]:
+    renderer = TemplateRenderer(engine.tokenizer)
+    topics = ["rivers", "prime numbers", "sorting", "tea", "chess", "volcanoes", "compilers", "bees"]
+    return [renderer.render([{"role": "user", "content": f"Tell me about {topics[i % 8]} ({i})." + " Please." * (i % 4)}])
+            for i in range(n)]
+
+
+def bare_generate(engine: Engine, prompts: list[list[int]], tokens: int) -> Figure:
+    """One `model.generate` call over the prompts as one left-padded batch."""
+    pad = engine.tokenizer.pad_token_id
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=tokens,
+                              eos_token_id=None, pad_token_id=pad)
+    started = time.perf_counter()
+    with torch.inference_mode():
+        out = engine.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    seconds = time.perf_counter() - started
+    return Figure(seconds, (out.shape[1] - width) * len(prompts))
+
+
+async def engine_generate(engine: Engine, prompts: list[list[int]], tokens: int) -> Figure:
+    """All prompts submitted at once, as concurrent clients would."""
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+    started = time.perf_counter()
+    results = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+    return Figure(time.perf_counter() - started, sum(len(r.completion_ids) for r in results))
+
+
+def per_request(figures: list[Figure]) -> Figure:
+    """Mean latency and tokens of requests run one at a time."""
+    return Figure(sum(f.seconds for f in figures) / len(figures), sum(f.tokens for f in figures) // len(figures))
+
+
+async def one_trial(engine: Engine, prompts: list[list[int]], c: int, tokens: int) -> tuple[Figure, Figure]:
+    if c == 1:
+        single = prompts[:C1_REQUESTS]
+        return (per_request([await engine_generate(engine, [p], tokens) for p in single]),
+                per_request([bare_generate(engine, [p], tokens) for p in single]))
+    return await engine_generate(engine, prompts[:c], tokens), bare_generate(engine, prompts[:c], tokens)
+
+
+def fastest(figures: list[Figure]) -> Figure:
+    return min(figures, key=lambda f: f.seconds / f.tokens)
+
+
+async def measure(engine: Engine, tokens: int, trials: int) -> dict[int, tuple[Figure, Figure]]:
+    """{concurrency: (engine, generate)}, each the fastest of `trials` alternating trials."""
+    prompts = chat_prompts(engine, max(CONCURRENCY))
+    best: dict[int, tuple[Figure, Figure]] = {}
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("measuring", total=len(CONCURRENCY) * (trials + 1))
+        for c in CONCURRENCY:
+            progress.update(task, description=f"concurrency {c}")
+            runs = [await one_trial(engine, prompts, c, tokens) for _ in range(trials + 1)]
+            progress.advance(task, trials + 1)
+            kept = runs[1:]  # the first trial warms both sides up
+            best[c] = (fastest([e for e, _ in kept]), fastest([g for _, g in kept]))
+    return best
+
+
+async def main(tokens: int, trials: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        params = init_model(tmp, arch="llama", size="tiny", seed=0)
+        async with Engine.from_pretrained(tmp) as engine:
+            console.print(f"tiny llama, {params:,} parameters, fp32 on CPU ({torch.get_num_threads()} threads); "
+                          f"{tokens} tokens per request, best of {trials} alternating trials")
+            best = await measure(engine, tokens, trials)
+            mean_batch = engine.stats().mean_batch_size
+    table = Table(title="engine vs bare model.generate")
+    for column in ("concurrency", "engine tok/s", "generate tok/s", "throughput ratio", "engine latency", "generate latency", "latency ratio"):
+        table.add_column(column, justify="right")
+    for c, (eng, gen) in best.items():
+        latency = (f"{eng.seconds * 1000:.0f} ms", f"{gen.seconds * 1000:.0f} ms", f"{eng.seconds / gen.seconds:.2f}") if c == 1 else ("", "", "")
+        table.add_row(str(c), f"{eng.tokens_per_s:,.0f}", f"{gen.tokens_per_s:,.0f}", f"{eng.tokens_per_s / gen.tokens_per_s:.2f}", *latency)
+    console.print(table)
+    console.print(f"engine mean batch size over the run: {mean_batch:.1f}")
+    c64 = best[64][0].tokens_per_s / best[64][1].tokens_per_s
+    c1 = best[1][0].seconds / best[1][1].seconds
+    print(f"RESULT c64_vs_generate={c64:.3f} c1_latency_vs_generate={c1:.3f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=64, help="tokens generated per request")
+    parser.add_argument("--trials", type=int, default=5, help="alternating trials per figure (best kept)")
+    args = parser.parse_args()
+    asyncio.run(main(args.tokens, args.trials))

@@ -1,0 +1,124 @@
+"""Environment configuration: pydantic models read from TOML (`[env]` tables) and CLI overrides.
+
+The task set names rules and data; this says how it is run: harness, runtime, group size,
+sampling and the model endpoint. Every field's docstring is its help text.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from rlbus.config import Section
+
+
+class SamplingConfig(Section):
+    """Set fields override what the harness asks for, so the run controls sampling."""
+
+    temperature: float | None = Field(None, ge=0)
+    """Sampling temperature for every model call; unset: the harness's value."""
+    top_p: float | None = Field(None, gt=0, le=1)
+    """Nucleus sampling mass; unset: the harness's value."""
+    max_tokens: int | None = Field(None, ge=1)
+    """Most tokens per model call; unset: the harness's value."""
+    stop: list[str] | None = None
+    """Stop strings for every model call; unset: the harness's value."""
+    seed: int | None = None
+    """Sampling seed sent with every model call."""
+    logprobs: bool = False
+    """Eval mode: also ask the upstream for log-probs (train mode always records them)."""
+
+
+class ModelConfig(Section):
+    name: str = "default"
+    """Model name sent upstream and recorded on every rollout."""
+    base_url: str | None = None
+    """Eval: any OpenAI-compatible /v1 URL. Train: the inference server's URL (POST /v1/generate)."""
+    mode: Literal["eval", "train"] = "eval"
+    """eval: chat with any OpenAI-compatible upstream; train: token-in/token-out with exact ids."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the upstream API key (eval mode)."""
+    tokenizer: str | None = None
+    """Train mode: model directory or hub id whose tokenizer and chat template render prompts."""
+    renderer: str | None = None
+    """Train mode: a `renderers` renderer name, "template", or unset to choose by model."""
+    timeout_s: float = Field(600, gt=0)
+    """Timeout of one upstream call."""
+
+
+class UserModelConfig(Section):
+    """A model playing the user (model-driven user simulator)."""
+
+    name: str
+    """Model name of the simulator."""
+    base_url: str
+    """OpenAI-compatible /v1 URL of the simulator."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding its API key."""
+    instructions: str = "You are the user. Reply with your next message only; reply DONE when satisfied."
+    """System prompt of the simulator; the task's info["user"] is appended when present."""
+    done: str = "DONE"
+    """A reply equal to this ends the rollout."""
+
+
+class McpServerConfig(Section):
+    command: list[str]
+    """argv of an MCP server speaking stdio; its tools join the task set's tools."""
+    env: dict[str, str] = {}
+    """Environment for the server process."""
+
+
+class HarnessConfig(Section):
+    kind: Literal["single", "tools", "command"] = "single"
+    """single: one chat turn; tools: tool-calling loop; command: run a program against the rollout's URL."""
+    max_turns: int = Field(10, ge=1)
+    """Most model calls per rollout (tools harness and user simulators)."""
+    command: list[str] = []
+    """command harness: argv; {python} is this interpreter, {workdir} the rollout's directory."""
+    env: dict[str, str] = {}
+    """command harness: extra environment variables for the program."""
+    mcp_servers: list[McpServerConfig] = []
+    """tools harness: MCP servers whose tools the model may call."""
+    user_model: UserModelConfig | None = None
+    """A model-driven user simulator; without it a task set's @user method (if any) plays the user."""
+    timeout_s: float = Field(600, gt=0)
+    """Whole-rollout time limit; a rollout over it is recorded as errored (kind "timeout")."""
+
+
+class RuntimeConfig(Section):
+    kind: Literal["local", "subprocess", "docker"] = "local"
+    """Where programs run: local (plain child process), subprocess (limits, scrubbed env), docker."""
+    timeout_s: float = Field(300, gt=0)
+    """Wall-clock limit of one program run."""
+    memory_mb: int | None = Field(None, ge=16)
+    """Address-space (subprocess) or container (docker) memory limit."""
+    cpu_s: int | None = Field(None, ge=1)
+    """CPU-seconds limit (subprocess) or CPUs (docker --cpus)."""
+    keep_env: list[str] = ["PATH", "LANG", "LC_ALL", "TZ"]
+    """subprocess: the only variables kept from this process's environment."""
+    image: str = "python:3.11-slim"
+    """docker: image the program runs in."""
+    docker_args: list[str] = []
+    """docker: extra arguments to `docker run`."""
+    keep_workdir: bool = False
+    """Keep each rollout's working directory after it finished (debugging)."""
+
+
+class EnvConfig(Section):
+    taskset: str
+    """The task set: an entry point in group "rlbus.environments", package.module:Class or FILE.py:Class."""
+    id: str | None = None
+    """Environment id on tasks and rollouts; unset: the task set's name."""
+    args: dict[str, Any] = {}
+    """Keyword arguments for the task set's constructor."""
+    group_size: int = Field(1, ge=1)
+    """Rollouts per task (a task's own group_size wins when set)."""
+    max_concurrent_rollouts: int = Field(64, ge=1)
+    """Rollouts in flight at once in one env producer."""
+    reward_timeout_s: float = Field(60, gt=0)
+    """A reward, metric or group reward running longer marks its rollouts errored."""
+    harness: HarnessConfig = HarnessConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    model: ModelConfig = ModelConfig()

@@ -1,0 +1,135 @@
+"""Finding an environment by what the user typed: a TOML file or a directory holding env.toml,
+an installed entry point (group "rlbus.environments"), package.module:Class, or FILE.py[:Class]."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+import tomllib
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from pydantic import ValidationError
+
+from rlbus.config import ConfigError, _deep_merge, format_validation_error
+from rlbus.producers.env.config import EnvConfig
+from rlbus.producers.env.rules import Rules, discover
+from rlbus.producers.env.taskset import TaskSet
+from rlbus.producers.tasksets.sources import to_task
+from rlbus.producers.tasksets.stream import TaskStream
+
+GROUP = "rlbus.environments"
+ENV_FILE = "env.toml"
+
+
+@dataclass
+class Environment:
+    """A task set with its run configuration and discovered rules."""
+
+    id: str
+    taskset: TaskSet
+    config: EnvConfig
+    rules: Rules
+    spec: str
+    """What it was loaded from, resolved so another process can load it the same way."""
+
+    def tasks(self, run_id: str = "") -> TaskStream:
+        """The task set's rows as TaskPublished events of this environment (lazy)."""
+        rows = self.taskset.rows
+        return TaskStream(lambda: (to_task(row, env=self.id, run_id=run_id) for row in rows()))
+
+
+def _import_file(path: Path) -> ModuleType:
+    path = path.resolve()
+    if not path.is_file():
+        raise ConfigError(f"no task set file {path}")
+    # One module per file path: loading an environment twice gives the same classes.
+    name = f"rlbus_env_{path.stem}_{hashlib.blake2b(str(path).encode(), digest_size=4).hexdigest()}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _only_taskset(module: ModuleType, where: str) -> type[TaskSet]:
+    found = [v for v in vars(module).values()
+             if inspect.isclass(v) and issubclass(v, TaskSet) and v is not TaskSet and v.__module__ == module.__name__]
+    if len(found) != 1:
+        names = [c.__name__ for c in found]
+        raise ConfigError(f"{where} defines {len(found)} task sets {names}; name one as {where}:Class")
+    return found[0]
+
+
+def _entry_point(name: str) -> type[TaskSet] | None:
+    matches = entry_points(group=GROUP, name=name)
+    return next(iter(matches)).load() if matches else None
+
+
+def resolve_taskset(ref: str, base_dir: Path | None = None) -> tuple[type[TaskSet], str]:
+    """The TaskSet class `ref` names, and `ref` resolved (file paths made absolute)."""
+    target, _, attr = ref.partition(":")
+    if target.endswith(".py"):
+        path = Path(target) if base_dir is None or Path(target).is_absolute() else base_dir / target
+        module = _import_file(path)
+        resolved = f"{path.resolve()}{':' + attr if attr else ''}"
+        cls = getattr(module, attr, None) if attr else _only_taskset(module, str(path))
+    elif attr:
+        module = importlib.import_module(target)
+        cls, resolved = getattr(module, attr, None), ref
+    else:
+        cls, resolved = _entry_point(ref), ref
+        if cls is None:
+            known = sorted(ep.name for ep in entry_points(group=GROUP))
+            raise ConfigError(f"no environment {ref!r}: not a .toml/.py path, module:Class, or an installed "
+                              f"entry point in group {GROUP!r} (installed: {known or 'none'})")
+    if not (inspect.isclass(cls) and issubclass(cls, TaskSet)):
+        raise ConfigError(f"{ref} is {cls!r}, not a TaskSet subclass")
+    return cls, resolved
+
+
+def _toml(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read environment config {path}: {exc}") from exc
+    table = data.get("env", data)
+    if "taskset" not in table:
+        raise ConfigError(f"{path} names no taskset (add taskset = \"file.py:Class\" under [env])")
+    return table
+
+
+def load_environment(spec: str, overrides: dict[str, Any] | None = None) -> Environment:
+    """Load an environment; `overrides` (EnvConfig fields, nested dicts) win over the TOML, which
+    wins over the task set's `defaults`. Raises ConfigError naming what is wrong."""
+    path = Path(spec)
+    file = path / ENV_FILE if path.is_dir() else path if spec.endswith(".toml") else None
+    table: dict[str, Any] = {}
+    if file is not None:
+        table = _toml(file)
+        cls, ref = resolve_taskset(table["taskset"], file.parent)
+    else:
+        cls, ref = resolve_taskset(spec)
+    merged = _deep_merge(_deep_merge(dict(cls.defaults), table), overrides or {})
+    merged["taskset"] = ref
+    try:
+        config = EnvConfig(**merged)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, f"environment {spec}")) from exc
+    taskset = cls(**config.args)
+    env_id = config.id or cls.env_id()
+    return Environment(env_id, taskset, config, discover(taskset), str(file.resolve()) if file else ref)

@@ -1,0 +1,134 @@
+"""The two backends behind the interception server.
+
+- EvalBackend: any OpenAI-compatible upstream through the official `openai` client; token ids
+  are unknown, log-probs only when asked for and offered.
+- TokenBackend: the inference server's token-in/token-out `/v1/generate`. Prompts are rendered
+  once, then each turn extends the branch's recorded prompt + completion ids with the new
+  messages (renderer.extend): sampled tokens are never decoded and re-tokenized.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+import msgspec
+import openai
+
+from rlbus.producers.env.config import ModelConfig
+from rlbus.producers.interception.calls import CallResult, ModelCall, Prior, UpstreamError
+from rlbus.producers.interception.messages import assistant_message
+
+
+def _finish(reason: str | None, message: dict[str, Any]) -> str:
+    if reason == "length":
+        return "length"
+    return "tool_calls" if message.get("tool_calls") else "stop"
+
+
+class EvalBackend:
+    mode = "eval"
+
+    def __init__(self, config: ModelConfig, max_connections: int = 1024):
+        if not config.base_url:
+            raise ValueError("eval mode needs model.base_url (an OpenAI-compatible /v1 URL)")
+        self.model = config.name
+        self.client = openai.AsyncOpenAI(
+            base_url=config.base_url,
+            api_key=os.environ.get(config.api_key_env) or "rlbus-local",
+            timeout=config.timeout_s,
+            http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=max_connections,
+                                                              max_keepalive_connections=max_connections)),
+        )
+
+    async def complete(self, call: ModelCall, prior: Prior | None) -> CallResult:
+        optional = {"tools": call.tools, "temperature": call.temperature, "top_p": call.top_p,
+                    "max_tokens": call.max_tokens, "stop": call.stop, "seed": call.seed,
+                    "logprobs": call.logprobs or None}
+        try:
+            # The raw response skips building the client's pydantic models: the interception
+            # server only needs a few fields, and parsing is most of the client's cost per call.
+            raw = await self.client.chat.completions.with_raw_response.create(
+                model=self.model, messages=call.messages,  # type: ignore[arg-type]
+                **{k: v for k, v in optional.items() if v is not None})
+        except openai.APIStatusError as exc:
+            raise UpstreamError(f"upstream {self.client.base_url} answered {exc.status_code}: {exc.message}",
+                                exc.status_code) from exc
+        except openai.APIError as exc:
+            raise UpstreamError(f"upstream {self.client.base_url} failed: {exc}") from exc
+        body = msgspec.json.decode(raw.http_response.content)
+        choice = body["choices"][0]
+        raw_message = choice.get("message") or {}
+        message = assistant_message(raw_message.get("content"), raw_message.get("tool_calls"))
+        usage = body.get("usage") or {}
+        logprobs = [t["logprob"] for t in ((choice.get("logprobs") or {}).get("content") or [])]
+        return CallResult(message, _finish(choice.get("finish_reason"), message), body.get("model") or self.model,
+                          prompt_tokens=usage.get("prompt_tokens", 0),
+                          completion_tokens=usage.get("completion_tokens", 0), logprobs=logprobs)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class _Generated(msgspec.Struct):
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    policy_version: int = 0
+
+
+class TokenBackend:
+    mode = "train"
+
+    def __init__(self, config: ModelConfig, renderer: Any | None = None, max_connections: int = 1024):
+        """`renderer`: anything with render/extend/parse (rlbus.consumers.inference.renderer);
+        built from model.tokenizer when not given."""
+        if not config.base_url:
+            raise ValueError("train mode needs model.base_url (the inference server's /v1 URL)")
+        self.model = config.name
+        self.url = config.base_url.rstrip("/") + "/generate"
+        self.renderer = renderer or self._renderer(config)
+        self.http = httpx.AsyncClient(timeout=config.timeout_s,
+                                      limits=httpx.Limits(max_connections=max_connections))
+
+    @staticmethod
+    def _renderer(config: ModelConfig) -> Any:
+        if not config.tokenizer:
+            raise ValueError("train mode needs model.tokenizer (a model directory or hub id) to render prompts")
+        from transformers import AutoTokenizer
+
+        from rlbus.consumers.inference.renderer import make_renderer
+
+        return make_renderer(AutoTokenizer.from_pretrained(config.tokenizer), config.renderer)
+
+    async def complete(self, call: ModelCall, prior: Prior | None) -> CallResult:
+        if prior is not None:
+            prompt_ids = self.renderer.extend(prior.prompt_ids, prior.completion_ids, prior.new_messages,
+                                              tools=call.tools)
+        else:
+            prompt_ids = self.renderer.render(call.messages, tools=call.tools)
+        sampling = {"temperature": call.temperature, "top_p": call.top_p, "max_tokens": call.max_tokens,
+                    "stop": call.stop, "seed": call.seed}
+        body = {"prompt_ids": prompt_ids, "sampling": {k: v for k, v in sampling.items() if v is not None}}
+        try:
+            response = await self.http.post(self.url, content=msgspec.json.encode(body),
+                                            headers={"content-type": "application/json"})
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"inference {self.url} unreachable: {exc!r}") from exc
+        if response.status_code != 200:
+            raise UpstreamError(f"inference {self.url} answered {response.status_code}: {response.text[:500]}",
+                                response.status_code)
+        out = msgspec.json.decode(response.content, type=_Generated)
+        message = self.renderer.parse(out.completion_ids, tools=call.tools, prompt_ids=prompt_ids)
+        return CallResult(message, _finish(out.finish_reason, message), self.model,
+                          prompt_tokens=len(prompt_ids), completion_tokens=len(out.completion_ids),
+                          prompt_ids=prompt_ids, completion_ids=out.completion_ids, logprobs=out.logprobs,
+                          policy_version=out.policy_version)
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+def make_backend(config: ModelConfig, renderer: Any | None = None) -> EvalBackend | TokenBackend:
+    return EvalBackend(config) if config.mode == "eval" else TokenBackend(config, renderer)

@@ -1,0 +1,168 @@
+"""A rollout's trace graph: one node per message, parent links, branches, per-node token deltas.
+
+Each model call's prompt is matched against the tree by canonical message keys. A prompt
+that runs through the tip of a branch (its last sampled message) continues that branch, and
+only then may the backend extend recorded ids instead of rendering afresh. Anything else (a
+sub-agent with its own system prompt, parallel calls from one point, rewritten history) starts
+a new branch. A node's `token_ids` are what its branch's context gained with it: the sampled
+ids for a model message, the rendered delta for context (messages added by one call share one
+delta, carried by the last of them). Concatenating `token_ids` from a root to any node gives
+exactly the ids the backend saw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlbus.producers.interception.calls import CallResult, Prior
+from rlbus.producers.interception.messages import Message, canonical
+from rlbus.schemas import TokenRecord, TraceNode, derived_id
+from rlbus.schemas.packed import pack_logprobs, pack_tokens
+
+MAIN = "main"
+
+
+@dataclass(eq=False)
+class Node:
+    index: int
+    parent: Node | None
+    branch: str
+    message: Message
+    key: str
+    token_ids: list[int] = field(default_factory=list)
+    call: Call | None = None
+    """Set on sampled nodes: the call that produced the message."""
+    children: dict[str, Node] = field(default_factory=dict)
+
+    def path_ids(self) -> list[int]:
+        ids: list[int] = []
+        node: Node | None = self
+        chain = []
+        while node is not None:
+            chain.append(node)
+            node = node.parent
+        for n in reversed(chain):
+            ids.extend(n.token_ids)
+        return ids
+
+
+@dataclass(eq=False)
+class Call:
+    index: int
+    branch: str
+    result: CallResult
+    node: Node | None = None
+
+
+@dataclass
+class Plan:
+    """Where a call's prompt sits in the tree, decided before the backend runs."""
+
+    path: list[Node]
+    rest: list[Message]
+    branch: str
+    prior: Prior | None
+    released_tip: Node | None
+
+
+class Trace:
+    def __init__(self, rollout_id: str):
+        self.rollout_id = rollout_id
+        self.roots: dict[str, Node] = {}
+        self.nodes: list[Node] = []
+        self.calls: list[Call] = []
+        self.tips: dict[str, Node | None] = {}
+        """Each branch's last sampled node; None while a call extending it is in flight."""
+
+    def plan(self, messages: list[Message]) -> Plan:
+        path: list[Node] = []
+        level = self.roots
+        for message in messages:
+            node = level.get(canonical(message))
+            if node is None:
+                break
+            path.append(node)
+            level = node.children
+        rest = messages[len(path):]
+        last = path[-1] if path else None
+        if last is not None and last.call is not None and self.tips.get(last.branch) is last and rest:
+            self.tips[last.branch] = None  # claimed: a concurrent call from here starts its own branch
+            result = last.call.result
+            return Plan(path, rest, last.branch, Prior(result.prompt_ids, result.completion_ids, rest), last)
+        branch = MAIN if not self.tips else f"b{len(self.tips)}"
+        self.tips[branch] = None
+        return Plan(path, rest, branch, None, None)
+
+    def abandon(self, plan: Plan) -> None:
+        """A call that failed leaves the branch as it was."""
+        if plan.released_tip is not None:
+            self.tips[plan.branch] = plan.released_tip
+        elif self.tips.get(plan.branch) is None:
+            del self.tips[plan.branch]
+
+    def _add(self, parent: Node | None, message: Message, branch: str, token_ids: list[int]) -> Node:
+        node = Node(len(self.nodes), parent, branch, message, canonical(message), token_ids)
+        (parent.children if parent else self.roots)[node.key] = node
+        self.nodes.append(node)
+        return node
+
+    def commit(self, plan: Plan, result: CallResult) -> Call:
+        path, rest = plan.path, plan.rest
+        if plan.prior is not None:
+            delta = result.prompt_ids[len(plan.prior.prompt_ids) + len(plan.prior.completion_ids):]
+        else:
+            shared = path[-1].path_ids() if path else []
+            if result.prompt_ids[:len(shared)] != shared or (result.prompt_ids and not rest):
+                # Rendered afresh and the shared nodes' ids are not its prefix: a path of its own.
+                path, rest, shared = [], [*[n.message for n in path], *rest], []
+            delta = result.prompt_ids[len(shared):]
+        parent = path[-1] if path else None
+        for i, message in enumerate(rest):
+            parent = self._add(parent, message, plan.branch, delta if i == len(rest) - 1 else [])
+        call = Call(len(self.calls), plan.branch, result)
+        call.node = self._add(parent, result.message, plan.branch, list(result.completion_ids))
+        call.node.call = call
+        self.calls.append(call)
+        self.tips[plan.branch] = call.node
+        return call
+
+    def branch_messages(self, branch: str = MAIN) -> list[Message]:
+        """The messages from the root to the branch's tip."""
+        tip = self.tips.get(branch)
+        chain: list[Message] = []
+        while tip is not None:
+            chain.append(tip.message)
+            tip = tip.parent
+        return chain[::-1]
+
+    def events(self, group_id: str) -> tuple[list[TraceNode], list[TokenRecord]]:
+        """The trace as events, with ids derived from the rollout (a re-run republishes the same ids)."""
+        node_ids = {n.index: derived_id(self.rollout_id, "node", n.index) for n in self.nodes}
+        nodes = [
+            TraceNode(event_id=derived_id(node_ids[n.index], "event"), node_id=node_ids[n.index],
+                      rollout_id=self.rollout_id, parent_id=node_ids[n.parent.index] if n.parent else "",
+                      branch_id=n.branch, index=n.index, role=n.message.get("role", ""), message=n.message,
+                      token_ids=pack_tokens(n.token_ids), sampled=n.call is not None,
+                      call_index=n.call.index if n.call else -1)
+            for n in self.nodes
+        ]
+        records = [
+            TokenRecord(event_id=derived_id(self.rollout_id, "tokens", c.index), rollout_id=self.rollout_id,
+                        group_id=group_id, call_index=c.index, node_id=node_ids[c.node.index] if c.node else "",
+                        model=c.result.model, prompt_ids=pack_tokens(c.result.prompt_ids),
+                        completion_ids=pack_tokens(c.result.completion_ids),
+                        logprobs=pack_logprobs(c.result.logprobs), policy_version=c.result.policy_version,
+                        finish_reason=c.result.finish_reason)
+            for c in self.calls
+        ]
+        return nodes, records
+
+    def usage(self) -> dict[str, Any]:
+        versions = [c.result.policy_version for c in self.calls] or [0]
+        return {
+            "prompt_tokens": sum(c.result.prompt_tokens for c in self.calls),
+            "completion_tokens": sum(c.result.completion_tokens for c in self.calls),
+            "min_policy_version": min(versions), "max_policy_version": max(versions),
+            "num_turns": len(self.calls),
+        }

@@ -1,0 +1,235 @@
+"""The holder of a chdb store serves it read-only to other processes over ClickHouse HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pyarrow as pa
+import pytest
+from clickhouse_connect.driver.exceptions import DatabaseError
+
+from rlbus.bus.store import Store, open_store
+from rlbus.bus.store.holder import ENDPOINT_FILE
+from rlbus.schemas import Event, TokenRecord
+from rlbus.schemas.packed import pack_logprobs, pack_tokens
+
+CHILD_READS = r"""
+import json, sys
+import clickhouse_connect
+import msgspec
+from clickhouse_connect.driver.exceptions import DatabaseError
+from rlbus.bus.store import open_store
+from rlbus.schemas import TokenRecord
+
+data_dir = sys.argv[1]
+url = open(f"{data_dir}/.rlbus-endpoint").read().strip()
+host, port = url.removeprefix("http://").split(":")
+client = clickhouse_connect.get_client(host=host, port=int(port))
+out = {"version": client.server_version}
+out["rows"] = client.query(
+    "SELECT rollout_id, length(completion_ids) FROM tokens ORDER BY rollout_id").result_rows
+out["bound"] = client.query(
+    "SELECT count() FROM tokens WHERE rollout_id = {r:String}", parameters={"r": "ro-1"}
+).result_rows
+out["arrow"] = client.query_arrow(
+    "SELECT rollout_id, logprobs FROM tokens ORDER BY rollout_id").to_pylist()
+out["command"] = client.command("SELECT count() FROM tokens")
+refusals = {
+    "insert": lambda: client.insert("tokens", [["x"]], column_names=["rollout_id"]),
+    "drop": lambda: client.command("DROP TABLE tokens"),
+    "two": lambda: client.command("SELECT 1; DROP TABLE tokens"),
+}
+for name, attempt in refusals.items():
+    try:
+        attempt()
+        out[name] = "accepted"
+    except DatabaseError as exc:
+        out[name] = str(exc)
+with open_store(f"chdb://{data_dir}", read_only=True) as store:
+    out["via"] = store.via
+    out["events"] = msgspec.json.encode(store.read_events(TokenRecord)).decode()
+    out["jsonl"] = store.query_raw(
+        "SELECT rollout_id FROM tokens ORDER BY rollout_id FORMAT JSONEachRow").decode()
+print(json.dumps(out, default=repr))
+"""
+
+CHILD_OPENS = r"""
+import json, sys
+from rlbus.bus.store import StoreLockedError, open_store
+out = {}
+for read_only in (True, False):
+    try:
+        open_store(f"chdb://{sys.argv[1]}", read_only=read_only).close()
+        out[str(read_only)] = "opened"
+    except StoreLockedError as exc:
+        out[str(read_only)] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def run_child(code: str, data_dir: Path) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(data_dir)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def at_micros(event: Event) -> Event:
+    return msgspec.structs.replace(event, ts=round(event.ts * 1e6) / 1e6)
+
+
+EVENTS = [
+    TokenRecord(
+        rollout_id=f"ro-{i}",
+        completion_ids=pack_tokens(range(i * 10)),
+        logprobs=pack_logprobs([-0.5] * (i * 10)),
+        model="tiny",
+    )
+    for i in range(3)
+]
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def store(data_dir: Path) -> Iterator[Store]:
+    with open_store(f"chdb://{data_dir}") as opened:
+        opened.insert_events(EVENTS, [(0, i) for i in range(len(EVENTS))], "tokens:0:0-2")
+        yield opened
+
+
+def http(url: str, sql: str = "", **params: str) -> tuple[int, dict[str, str], bytes]:
+    query = urllib.parse.urlencode(params)
+    request = urllib.request.Request(f"{url}/?{query}", data=sql.encode() if sql else None)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_another_process_queries_through_the_endpoint(store: Store, data_dir: Path) -> None:
+    endpoint = store.serve()
+    assert (data_dir / ENDPOINT_FILE).read_text().strip() == endpoint.url
+    out = run_child(CHILD_READS, data_dir)
+    assert out["rows"] == [["ro-0", 0], ["ro-1", 10], ["ro-2", 20]]
+    assert out["bound"] == [[1]]
+    assert out["command"] == 3
+    assert [row["rollout_id"] for row in out["arrow"]] == ["ro-0", "ro-1", "ro-2"]
+    assert out["arrow"][1]["logprobs"] == [-0.5] * 10
+    for name in ("insert", "drop", "two"):
+        assert "164" in out[name] and "is read-only" in out[name], out[name]
+    assert "carries an insert" in out["insert"]
+    assert "2 statements" in out["two"]
+    assert out["via"] == endpoint.url
+    assert msgspec.json.decode(out["events"], type=list[TokenRecord]) == [
+        at_micros(e) for e in EVENTS
+    ]
+    assert out["jsonl"] == '{"rollout_id":"ro-0"}\n{"rollout_id":"ro-1"}\n{"rollout_id":"ro-2"}\n'
+    assert store.query("SELECT count() FROM tokens").rows == [(3,)]
+    store.close()
+    assert not (data_dir / ENDPOINT_FILE).exists()
+
+
+def test_the_endpoint_serves_an_http_store_read_only(store: Store) -> None:
+    url = store.serve().url
+    with open_store(url, read_only=True) as remote:
+        assert remote.via is None
+        assert remote.read_events(TokenRecord) == [at_micros(e) for e in EVENTS]
+        assert remote.query("SELECT count() FROM tokens_per_rollout").rows == [(3,)]
+    with pytest.raises(DatabaseError, match="CREATE statements are refused"):
+        open_store(url)
+
+
+def test_a_held_store_without_endpoint_says_what_to_do(store: Store, data_dir: Path) -> None:
+    out = run_child(CHILD_OPENS, data_dir)
+    pid = f"process {os.getpid()}"
+    assert pid in out["True"] and "serves no read-only endpoint" in out["True"], out["True"]
+    assert pid in out["False"] and "one writing process" in out["False"], out["False"]
+
+
+def test_the_endpoint_speaks_clickhouse_http(store: Store) -> None:
+    url = store.serve().url
+    with urllib.request.urlopen(f"{url}/ping", timeout=10) as ping:
+        assert ping.read() == b"Ok.\n"
+    status, headers, body = http(
+        url, "SELECT rollout_id FROM tokens ORDER BY rollout_id FORMAT CSV"
+    )
+    assert (status, headers["X-ClickHouse-Format"], body) == (
+        200,
+        "CSV",
+        b'"ro-0"\n"ro-1"\n"ro-2"\n',
+    )
+    status, headers, body = http(
+        url,
+        query="SELECT length(completion_ids) AS n FROM tokens ORDER BY n",
+        default_format="Arrow",
+    )
+    assert pa.ipc.open_file(body).read_all().column("n").to_pylist() == [0, 10, 20]
+    status, headers, body = http(url, "SELECT {n:UInt8} + 1", param_n="41", max_threads="1")
+    assert (status, body) == (200, b"42\n")
+    status, headers, body = http(url, "INSERT INTO tokens (rollout_id) VALUES ('x')")
+    assert (status, headers["X-ClickHouse-Exception-Code"]) == (403, "164")
+    assert (
+        body.startswith(b"Code: 164. DB::Exception: rlbus store endpoint") and b"(READONLY)" in body
+    )
+    status, headers, body = http(url, "SELECT * FROM no_such_table")
+    assert (status, headers["X-ClickHouse-Exception-Code"]) == (404, "60")
+    status, headers, body = http(url, "SELECT 'unterminated")
+    assert (status, headers["X-ClickHouse-Exception-Code"]) == (400, "62")
+    assert http(url, "SELECT 1", readonly="0", database="default")[2] == b"1\n"
+
+
+def test_serving_leaves_the_inserting_thread_alone(store: Store) -> None:
+    url = store.serve().url
+    errors: list[BaseException] = []
+
+    def sink() -> None:
+        try:
+            for block in range(20):
+                batch = [
+                    TokenRecord(
+                        rollout_id=f"s-{block}-{i}", completion_ids=pack_tokens([block] * 64)
+                    )
+                    for i in range(100)
+                ]
+                store.insert_events(
+                    batch, [(1, block * 100 + i) for i in range(100)], f"tokens:1:{block}"
+                )
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    inserting = threading.Thread(target=sink)
+    inserting.start()
+    seen = []
+    while inserting.is_alive():
+        seen.append(int(http(url, "SELECT count() FROM tokens WHERE kafka_partition = 1")[2]))
+    inserting.join()
+    assert not errors
+    assert seen == sorted(seen)
+    rows = store.query(
+        "SELECT count(), countIf(completion_ids[1] != toUInt32(splitByChar('-', rollout_id)[2])) "
+        "FROM tokens WHERE kafka_partition = 1"
+    ).rows
+    assert rows == [(2000, 0)]
+
+
+def test_a_stale_endpoint_file_is_ignored(data_dir: Path) -> None:
+    open_store(f"chdb://{data_dir}").close()
+    (data_dir / ENDPOINT_FILE).write_text("http://127.0.0.1:9\n")
+    with open_store(f"chdb://{data_dir}", read_only=True) as reader:
+        assert reader.via is None
+        assert reader.query("SELECT count() FROM tokens").rows == [(0,)]
