@@ -25,7 +25,6 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
-from transformers import GenerationConfig
 
 from rlbus.consumers.inference.api import SamplingParams
 from rlbus.consumers.inference.engine import Engine
@@ -50,9 +49,27 @@ class Figure:
 
 def chat_prompts(engine: Engine, n: int) -> list[list[int]]:
     renderer = TemplateRenderer(engine.tokenizer)
-    topics = ["rivers", "prime numbers", "sorting", "tea", "chess", "volcanoes", "compilers", "bees"]
-    return [renderer.render([{"role": "user", "content": f"Tell me about {topics[i % 8]} ({i})." + " Please." * (i % 4)}])
-            for i in range(n)]
+    topics = [
+        "rivers",
+        "prime numbers",
+        "sorting",
+        "tea",
+        "chess",
+        "volcanoes",
+        "compilers",
+        "bees",
+    ]
+    return [
+        renderer.render(
+            [
+                {
+                    "role": "user",
+                    "content": f"Tell me about {topics[i % 8]} ({i})." + " Please." * (i % 4),
+                }
+            ]
+        )
+        for i in range(n)
+    ]
 
 
 def bare_generate(engine: Engine, prompts: list[list[int]], tokens: int) -> Figure:
@@ -61,13 +78,26 @@ def bare_generate(engine: Engine, prompts: list[list[int]], tokens: int) -> Figu
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=tokens,
-                              eos_token_id=None, pad_token_id=pad)
     started = time.perf_counter()
     with torch.inference_mode():
-        out = engine.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        # Keyword arguments: in a GenerationConfig, eos_token_id=None means the model's EOS.
+        out = engine.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=tokens,
+            eos_token_id=None,
+            pad_token_id=pad,
+        )
     seconds = time.perf_counter() - started
-    return Figure(seconds, (out.shape[1] - width) * len(prompts))
+    if out.shape[1] - width != tokens:
+        raise RuntimeError(
+            f"generate stopped after {out.shape[1] - width} of {tokens} tokens: EOS was not ignored"
+        )
+    return Figure(seconds, tokens * len(prompts))
 
 
 async def engine_generate(engine: Engine, prompts: list[list[int]], tokens: int) -> Figure:
@@ -80,15 +110,24 @@ async def engine_generate(engine: Engine, prompts: list[list[int]], tokens: int)
 
 def per_request(figures: list[Figure]) -> Figure:
     """Mean latency and tokens of requests run one at a time."""
-    return Figure(sum(f.seconds for f in figures) / len(figures), sum(f.tokens for f in figures) // len(figures))
+    return Figure(
+        sum(f.seconds for f in figures) / len(figures),
+        sum(f.tokens for f in figures) // len(figures),
+    )
 
 
-async def one_trial(engine: Engine, prompts: list[list[int]], c: int, tokens: int) -> tuple[Figure, Figure]:
+async def one_trial(
+    engine: Engine, prompts: list[list[int]], c: int, tokens: int
+) -> tuple[Figure, Figure]:
     if c == 1:
         single = prompts[:C1_REQUESTS]
-        return (per_request([await engine_generate(engine, [p], tokens) for p in single]),
-                per_request([bare_generate(engine, [p], tokens) for p in single]))
-    return await engine_generate(engine, prompts[:c], tokens), bare_generate(engine, prompts[:c], tokens)
+        return (
+            per_request([await engine_generate(engine, [p], tokens) for p in single]),
+            per_request([bare_generate(engine, [p], tokens) for p in single]),
+        )
+    return await engine_generate(engine, prompts[:c], tokens), bare_generate(
+        engine, prompts[:c], tokens
+    )
 
 
 def fastest(figures: list[Figure]) -> Figure:
@@ -114,16 +153,41 @@ async def main(tokens: int, trials: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         params = init_model(tmp, arch="llama", size="tiny", seed=0)
         async with Engine.from_pretrained(tmp) as engine:
-            console.print(f"tiny llama, {params:,} parameters, fp32 on CPU ({torch.get_num_threads()} threads); "
-                          f"{tokens} tokens per request, best of {trials} alternating trials")
+            console.print(
+                f"tiny llama, {params:,} parameters, fp32 on CPU "
+                f"({torch.get_num_threads()} threads); "
+                f"{tokens} tokens per request, best of {trials} alternating trials"
+            )
             best = await measure(engine, tokens, trials)
             mean_batch = engine.stats().mean_batch_size
     table = Table(title="engine vs bare model.generate")
-    for column in ("concurrency", "engine tok/s", "generate tok/s", "throughput ratio", "engine latency", "generate latency", "latency ratio"):
+    for column in (
+        "concurrency",
+        "engine tok/s",
+        "generate tok/s",
+        "throughput ratio",
+        "engine latency",
+        "generate latency",
+        "latency ratio",
+    ):
         table.add_column(column, justify="right")
     for c, (eng, gen) in best.items():
-        latency = (f"{eng.seconds * 1000:.0f} ms", f"{gen.seconds * 1000:.0f} ms", f"{eng.seconds / gen.seconds:.2f}") if c == 1 else ("", "", "")
-        table.add_row(str(c), f"{eng.tokens_per_s:,.0f}", f"{gen.tokens_per_s:,.0f}", f"{eng.tokens_per_s / gen.tokens_per_s:.2f}", *latency)
+        latency = (
+            (
+                f"{eng.seconds * 1000:.0f} ms",
+                f"{gen.seconds * 1000:.0f} ms",
+                f"{eng.seconds / gen.seconds:.2f}",
+            )
+            if c == 1
+            else ("", "", "")
+        )
+        table.add_row(
+            str(c),
+            f"{eng.tokens_per_s:,.0f}",
+            f"{gen.tokens_per_s:,.0f}",
+            f"{eng.tokens_per_s / gen.tokens_per_s:.2f}",
+            *latency,
+        )
     console.print(table)
     console.print(f"engine mean batch size over the run: {mean_batch:.1f}")
     c64 = best[64][0].tokens_per_s / best[64][1].tokens_per_s
@@ -134,6 +198,8 @@ async def main(tokens: int, trials: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per request")
-    parser.add_argument("--trials", type=int, default=5, help="alternating trials per figure (best kept)")
+    parser.add_argument(
+        "--trials", type=int, default=5, help="alternating trials per figure (best kept)"
+    )
     args = parser.parse_args()
     asyncio.run(main(args.tokens, args.trials))

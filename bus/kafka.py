@@ -21,7 +21,7 @@ from typing import Literal
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import CommitFailedError, TopicAlreadyExistsError
 from aiokafka.structs import OffsetAndMetadata
 from opentelemetry.trace import SpanKind
 
@@ -204,7 +204,7 @@ class Bus:
             content_type.decode() if content_type else None,
             # A JSON event from an outside client may carry no id: derive one from its
             # position, so a redelivery of the same message keeps the same id.
-            fallback_event_id=derived_id(self.topic(topic), record.partition, record.offset),
+            fallback_event_id=lambda: derived_id(self.topic(topic), record.partition, record.offset),
         )
 
     def _dead_letter(self, group: str, topic: str, record: ConsumerRecord, error: str) -> DeadLetter:
@@ -267,37 +267,64 @@ class Bus:
         prefix = len(kafka.topic_prefix)
         seen = _SeenIds() if dedup else None
         handle = on_batch or self._per_event(on_event, concurrency or 64)  # type: ignore[arg-type]
+        in_flight: asyncio.Task[None] | None = None
         try:
             while not stop.is_set():
                 polled = await self._gather(consumer, stop, poll_timeout_ms,
                                             max_records or kafka.fetch_max_records, batch_rows, batch_wait_s)
+                if in_flight is not None and in_flight.done():
+                    in_flight.result()  # a failed batch stops the consumer now, not after the next poll
                 if not polled:
                     continue
-                good: list[tuple[ConsumerRecord, Delivery]] = []
-                dead: list[DeadLetter] = []
-                for tp, records in polled.items():
-                    topic = tp.topic[prefix:]
-                    for record in records:
-                        try:
-                            event = self._decode(topic, record)
-                        except Exception as exc:  # noqa: BLE001 - any decode failure is a dead letter
-                            dead.append(self._dead_letter(group, topic, record, f"decode: {exc}"))
-                            continue
-                        if seen is not None and not seen.add(event.event_id):
-                            continue
-                        good.append((record, Delivery(event, topic, record.partition, record.offset,
-                                                      record.key, tuple(record.headers or ()))))
-                if good and handler_errors == "raise":
-                    await handle([d for _, d in good])
-                elif good:
-                    dead.extend(await self._handle(group, handle, good))
-                if dead:
-                    await self.publish_many(dead)
-                await consumer.commit({
-                    tp: OffsetAndMetadata(records[-1].offset + 1, "") for tp, records in polled.items()
-                })
+                good, dead = self._decode_all(group, polled, prefix, seen)
+                offsets = {tp: OffsetAndMetadata(records[-1].offset + 1, "") for tp, records in polled.items()}
+                # The next batch is fetched while this one is handled; batches are still
+                # handled one at a time, in order, each committed only after its handling.
+                if in_flight is not None:
+                    await in_flight
+                in_flight = asyncio.create_task(
+                    self._finish(consumer, group, handle, handler_errors, good, dead, offsets))
+            if in_flight is not None:
+                await in_flight
         finally:
+            if in_flight is not None and not in_flight.done():
+                in_flight.cancel()  # uncommitted: redelivered to whoever consumes next
+                await asyncio.gather(in_flight, return_exceptions=True)
             await consumer.stop()
+
+    def _decode_all(self, group: str, polled: dict[TopicPartition, list[ConsumerRecord]], prefix: int,
+                    seen: _SeenIds | None) -> tuple[list[tuple[ConsumerRecord, Delivery]], list[DeadLetter]]:
+        good: list[tuple[ConsumerRecord, Delivery]] = []
+        dead: list[DeadLetter] = []
+        for tp, records in polled.items():
+            topic = tp.topic[prefix:]
+            for record in records:
+                try:
+                    event = self._decode(topic, record)
+                except Exception as exc:  # noqa: BLE001 - any decode failure is a dead letter
+                    dead.append(self._dead_letter(group, topic, record, f"decode: {exc}"))
+                    continue
+                if seen is not None and not seen.add(event.event_id):
+                    continue
+                good.append((record, Delivery(event, topic, record.partition, record.offset,
+                                              record.key, tuple(record.headers or ()))))
+        return good, dead
+
+    async def _finish(self, consumer: AIOKafkaConsumer, group: str, handle: BatchHandler,
+                      handler_errors: Literal["dead_letter", "raise"], good: list[tuple[ConsumerRecord, Delivery]],
+                      dead: list[DeadLetter], offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        if good and handler_errors == "raise":
+            await handle([d for _, d in good])
+        elif good:
+            dead.extend(await self._handle(group, handle, good))
+        if dead:
+            await self.publish_many(dead)
+        try:
+            await consumer.commit(offsets)
+        except CommitFailedError:
+            # A rebalance moved these partitions away meanwhile; their new owner redelivers
+            # from the last commit, and handling is idempotent.
+            log.warning("commit failed after a rebalance in group %s; the batch will be redelivered", group)
 
     @staticmethod
     async def _gather(consumer: AIOKafkaConsumer, stop: asyncio.Event, poll_timeout_ms: int,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from typing import Any, Union
 
@@ -41,14 +42,14 @@ def decode(
     topic_name: str,
     raw: bytes,
     content_type: str | None = None,
-    fallback_event_id: str | None = None,
+    fallback_event_id: Callable[[], str] | None = None,
 ) -> Event:
     """Decode a message of `topic_name`.
 
     JSON is taken when the content-type says so or, with no content-type, when the
     bytes look like a JSON object, but only on topics that accept outside clients.
-    `fallback_event_id` names a JSON event that carries no `event_id`: it should be
-    derived from the message's position so that a redelivery gets the same id.
+    `fallback_event_id` names a JSON event that carries no `event_id` (called only then):
+    it should derive the id from the message's position so that a redelivery gets the same id.
     """
     topic = BY_NAME.get(topic_name)
     if topic is None:
@@ -62,8 +63,8 @@ def decode(
         obj = msgspec.json.decode(raw)
         if not isinstance(obj, dict):
             raise DecodeError(f"a JSON event must be an object, got {type(obj).__name__}")
-        if fallback_event_id and "event_id" not in obj:
-            obj["event_id"] = fallback_event_id
+        if fallback_event_id is not None and "event_id" not in obj:
+            obj["event_id"] = fallback_event_id()
         return msgspec.convert(obj, _kind_type(topic))
     except msgspec.ValidationError as exc:
         raise DecodeError(f"invalid {topic_name!r} event: {exc}") from exc

@@ -1,4 +1,4 @@
-"""The built-in engine in process: log-prob parity, batching, stops, scoring and hot weight reload."""
+"""The built-in engine in process: log-prob parity, batching, stops, scoring, weight reload."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rlbus.consumers.inference.api import ContextLengthError, GenerateResult, RequestError, SamplingParams
+from rlbus.consumers.inference.api import (
+    ContextLengthError,
+    GenerateResult,
+    RequestError,
+    SamplingParams,
+)
 from rlbus.consumers.inference.checkpoint import CheckpointError
 from rlbus.consumers.inference.engine import Engine
 from rlbus.consumers.inference.model_init import init_model
@@ -32,30 +37,43 @@ async def engine(model_dir: Path):
 
 def prompts(engine: Engine, n: int) -> list[list[int]]:
     # Different lengths, so that batching pads and merges rows of unequal length.
-    return [engine.tokenizer.encode(f"question {i}: " + "why? " * (i % 5), add_special_tokens=False) for i in range(n)]
+    return [
+        engine.tokenizer.encode(f"question {i}: " + "why? " * (i % 5), add_special_tokens=False)
+        for i in range(n)
+    ]
 
 
-def reference_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+def reference_logprobs(
+    model: torch.nn.Module, prompt: list[int], completion: list[int], temperature: float
+) -> torch.Tensor:
     """A separate, unbatched, uncached forward pass over the same ids."""
     with torch.inference_mode():
         logits = model(torch.tensor([prompt + completion])).logits[0].float()
     scaled = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
-    return scaled[len(prompt) - 1:-1].gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+    return scaled[len(prompt) - 1 : -1].gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
 
 
-def perturbed_checkpoint(model: torch.nn.Module, path: Path, seed: int = 1) -> dict[str, torch.Tensor]:
+def perturbed_checkpoint(
+    model: torch.nn.Module, path: Path, seed: int = 1
+) -> dict[str, torch.Tensor]:
     """Save every weight plus noise as one safetensors file (no lm_head duplicate when tied)."""
     generator = torch.Generator().manual_seed(seed)
-    state = {n: (p.detach() + 0.05 * torch.randn(p.shape, generator=generator)).contiguous()
-             for n, p in model.named_parameters()}
+    state = {
+        n: (p.detach() + 0.05 * torch.randn(p.shape, generator=generator)).contiguous()
+        for n, p in model.named_parameters()
+    }
     save_file(state, str(path))
     return state
 
 
 async def test_logprobs_match_a_separate_forward_pass(engine: Engine) -> None:
     batch = prompts(engine, 12)
-    params = [SamplingParams(max_tokens=24, temperature=t, ignore_eos=True) for t in (1.0, 0.7, 0.0) * 4]
-    results = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(batch, params, strict=True)))
+    params = [
+        SamplingParams(max_tokens=24, temperature=t, ignore_eos=True) for t in (1.0, 0.7, 0.0) * 4
+    ]
+    results = await asyncio.gather(
+        *(engine.generate(p, s) for p, s in zip(batch, params, strict=True))
+    )
     worst = 0.0
     for prompt, result, s in zip(batch, results, params, strict=True):
         ref = reference_logprobs(engine.model, prompt, result.completion_ids, s.temperature)
@@ -77,7 +95,9 @@ async def test_score_matches_generation_logprobs(engine: Engine) -> None:
 
 async def test_64_concurrent_requests_are_batched(engine: Engine) -> None:
     batch = prompts(engine, 64)
-    results = await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in batch))
+    results = await asyncio.gather(
+        *(engine.generate(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in batch)
+    )
     assert all(len(r.completion_ids) == 8 and r.finish_reason == "length" for r in results)
     stats = engine.stats()
     assert stats.requests_finished == 64
@@ -88,8 +108,10 @@ async def test_64_concurrent_requests_are_batched(engine: Engine) -> None:
 async def test_seeded_requests_repeat_whatever_the_batch(engine: Engine) -> None:
     prompt = prompts(engine, 1)[0]
     alone = await engine.generate(prompt, SamplingParams(max_tokens=12, seed=11))
-    crowded = await asyncio.gather(engine.generate(prompt, SamplingParams(max_tokens=12, seed=11)),
-                                   *(engine.generate(p, SamplingParams(max_tokens=12)) for p in prompts(engine, 7)))
+    crowded = await asyncio.gather(
+        engine.generate(prompt, SamplingParams(max_tokens=12, seed=11)),
+        *(engine.generate(p, SamplingParams(max_tokens=12)) for p in prompts(engine, 7)),
+    )
     assert crowded[0].completion_ids == alone.completion_ids
     other = await engine.generate(prompt, SamplingParams(max_tokens=12, seed=12))
     assert other.completion_ids != alone.completion_ids
@@ -97,18 +119,26 @@ async def test_seeded_requests_repeat_whatever_the_batch(engine: Engine) -> None
 
 async def test_stops_and_finish_reasons(engine: Engine) -> None:
     prompt = prompts(engine, 1)[0]
-    free = await engine.generate(prompt, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True), text=True)
+    free = await engine.generate(
+        prompt, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True), text=True
+    )
     assert free.finish_reason == "length" and len(free.completion_ids) == 20
     token = free.completion_ids[5]
-    by_id = await engine.generate(prompt, SamplingParams(max_tokens=20, temperature=0, stop_token_ids=[token]))
+    by_id = await engine.generate(
+        prompt, SamplingParams(max_tokens=20, temperature=0, stop_token_ids=[token])
+    )
     assert by_id.finish_reason == "stop" and by_id.stop_reason == token
-    assert by_id.completion_ids == free.completion_ids[:free.completion_ids.index(token) + 1]
+    assert by_id.completion_ids == free.completion_ids[: free.completion_ids.index(token) + 1]
     assert free.text
     stop = free.text[3:5]
-    by_text = await engine.generate(prompt, SamplingParams(max_tokens=20, temperature=0, stop=[stop], ignore_eos=True), text=True)
+    by_text = await engine.generate(
+        prompt,
+        SamplingParams(max_tokens=20, temperature=0, stop=[stop], ignore_eos=True),
+        text=True,
+    )
     assert by_text.finish_reason == "stop" and by_text.stop_reason == stop
-    assert by_text.text == free.text[:free.text.index(stop)]
-    assert free.completion_ids[:len(by_text.completion_ids)] == by_text.completion_ids
+    assert by_text.text == free.text[: free.text.index(stop)]
+    assert free.completion_ids[: len(by_text.completion_ids)] == by_text.completion_ids
     eos = engine.tokenizer.eos_token_id
     long = await engine.generate(prompt, SamplingParams(max_tokens=1, temperature=0))
     assert long.finish_reason in ("length", "stop") and len(long.completion_ids) == 1
@@ -118,13 +148,20 @@ async def test_stops_and_finish_reasons(engine: Engine) -> None:
         await engine.generate([engine.vocab_size + 5], SamplingParams(max_tokens=1))
     with pytest.raises(ValueError):
         SamplingParams(top_p=1.5)
-    near_end = await engine.generate([eos] * (engine.max_context - 3), SamplingParams(max_tokens=50, ignore_eos=True))
+    near_end = await engine.generate(
+        [eos] * (engine.max_context - 3), SamplingParams(max_tokens=50, ignore_eos=True)
+    )
     assert len(near_end.completion_ids) == 3 and near_end.finish_reason == "length"
 
 
 async def test_streaming_yields_deltas_then_the_result(engine: Engine) -> None:
     prompt = prompts(engine, 1)[0]
-    items = [item async for item in engine.stream(prompt, SamplingParams(max_tokens=10, ignore_eos=True, top_logprobs=3))]
+    items = [
+        item
+        async for item in engine.stream(
+            prompt, SamplingParams(max_tokens=10, ignore_eos=True, top_logprobs=3)
+        )
+    ]
     *deltas, result = items
     assert isinstance(result, GenerateResult)
     assert [t for d in deltas for t in d.token_ids] == result.completion_ids
@@ -133,7 +170,9 @@ async def test_streaming_yields_deltas_then_the_result(engine: Engine) -> None:
     assert all(len(d.top_logprobs[0]) == 3 for d in deltas)
 
 
-async def test_weight_reload_changes_outputs_and_keeps_in_flight_requests(engine: Engine, tmp_path: Path) -> None:
+async def test_weight_reload_changes_outputs_and_keeps_in_flight_requests(
+    engine: Engine, tmp_path: Path
+) -> None:
     prompt = prompts(engine, 1)[0]
     greedy = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     before = await engine.generate(prompt, greedy)
@@ -176,7 +215,9 @@ async def test_weight_reload_changes_outputs_and_keeps_in_flight_requests(engine
     assert on_old[:switch].all() and on_new[switch:].all()
 
 
-async def test_bad_checkpoints_are_refused_and_serving_goes_on(engine: Engine, tmp_path: Path) -> None:
+async def test_bad_checkpoints_are_refused_and_serving_goes_on(
+    engine: Engine, tmp_path: Path
+) -> None:
     state = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
     state.pop("model.norm.weight")
     save_file(state, str(tmp_path / "partial.safetensors"))
@@ -202,12 +243,30 @@ async def test_weight_follower_loads_versions_once(engine: Engine, tmp_path: Pat
     follower = WeightFollower(engine, worker_id="w1")
     event = WeightVersion(run_id="r", version=3, step=3, uri=str(ckpt))
     loaded = await follower.on_weight_version(event)
-    assert loaded is not None and (loaded.version, loaded.worker_id, loaded.uri) == (3, "w1", str(ckpt))
+    assert loaded is not None and (loaded.version, loaded.worker_id, loaded.uri) == (
+        3,
+        "w1",
+        str(ckpt),
+    )
     assert loaded.load_s > 0 and engine.policy_version == 3
     again = await follower.on_weight_version(event)  # a redelivery: no reload, the same event id
-    assert again is not None and again.event_id == loaded.event_id and engine.stats().weight_loads == 1
-    assert await follower.on_weight_version(WeightVersion(run_id="r", version=2, uri=str(ckpt))) is None
+    assert (
+        again is not None and again.event_id == loaded.event_id and engine.stats().weight_loads == 1
+    )
+    assert (
+        await follower.on_weight_version(WeightVersion(run_id="r", version=2, uri=str(ckpt)))
+        is None
+    )
     with pytest.raises(CheckpointError):
-        await follower.on_weight_version(WeightVersion(run_id="r", version=4, uri=str(ckpt), format="pt"))
-    picked = newest([event, WeightVersion(run_id="r", version=9, uri="x"), WeightVersion(run_id="other", version=12, uri="y")], "r")
+        await follower.on_weight_version(
+            WeightVersion(run_id="r", version=4, uri=str(ckpt), format="pt")
+        )
+    picked = newest(
+        [
+            event,
+            WeightVersion(run_id="r", version=9, uri="x"),
+            WeightVersion(run_id="other", version=12, uri="y"),
+        ],
+        "r",
+    )
     assert picked is not None and picked.version == 9

@@ -28,27 +28,66 @@ def logprob(value: float, rank: int, token: str = "") -> SimpleNamespace:
     return SimpleNamespace(logprob=value, rank=rank, decoded_token=token)
 
 
-def completion(token_ids: list[int], logprobs: list[dict], finish: str | None, stop_reason: int | str | None = None,
-               text: str = "") -> SimpleNamespace:
+def completion(
+    token_ids: list[int],
+    logprobs: list[dict],
+    finish: str | None,
+    stop_reason: int | str | None = None,
+    text: str = "",
+) -> SimpleNamespace:
     """vllm.outputs.CompletionOutput."""
-    return SimpleNamespace(index=0, text=text, token_ids=token_ids, cumulative_logprob=None, logprobs=logprobs,
-                           finish_reason=finish, stop_reason=stop_reason)
+    return SimpleNamespace(
+        index=0,
+        text=text,
+        token_ids=token_ids,
+        cumulative_logprob=None,
+        logprobs=logprobs,
+        finish_reason=finish,
+        stop_reason=stop_reason,
+    )
 
 
-def request_output(prompt_ids: list[int], out: SimpleNamespace, finished: bool = True,
-                   prompt_logprobs: list | None = None) -> SimpleNamespace:
+def request_output(
+    prompt_ids: list[int],
+    out: SimpleNamespace,
+    finished: bool = True,
+    prompt_logprobs: list | None = None,
+) -> SimpleNamespace:
     """vllm.outputs.RequestOutput."""
-    return SimpleNamespace(request_id="r", prompt=None, prompt_token_ids=prompt_ids, prompt_logprobs=prompt_logprobs,
-                           outputs=[out], finished=finished)
+    return SimpleNamespace(
+        request_id="r",
+        prompt=None,
+        prompt_token_ids=prompt_ids,
+        prompt_logprobs=prompt_logprobs,
+        outputs=[out],
+        finished=finished,
+    )
 
 
 def test_sampling_kwargs_mirror_our_params() -> None:
-    params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=99, stop=["\n\n"], stop_token_ids=[7],
-                            ignore_eos=True, seed=3, top_logprobs=2)
+    params = SamplingParams(
+        temperature=0.7,
+        top_p=0.9,
+        max_tokens=99,
+        stop=["\n\n"],
+        stop_token_ids=[7],
+        ignore_eos=True,
+        seed=3,
+        top_logprobs=2,
+    )
     kwargs = sampling_kwargs(params, max_tokens=50)
     assert kwargs == {
-        "n": 1, "temperature": 0.7, "top_p": 0.9, "max_tokens": 50, "stop": ["\n\n"], "stop_token_ids": [7],
-        "ignore_eos": True, "seed": 3, "logprobs": 2, "include_stop_str_in_output": False, "skip_special_tokens": True,
+        "n": 1,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "max_tokens": 50,
+        "stop": ["\n\n"],
+        "stop_token_ids": [7],
+        "ignore_eos": True,
+        "seed": 3,
+        "logprobs": 2,
+        "include_stop_str_in_output": False,
+        "skip_special_tokens": True,
     }
     # logprobs=0 still returns the sampled token's log-prob in vLLM: always asked for.
     assert sampling_kwargs(SamplingParams(), max_tokens=5)["logprobs"] == 0
@@ -67,14 +106,29 @@ def test_result_from_a_finished_request_output() -> None:
     assert result.completion_ids == [5, 9, 2]
     assert result.logprobs == [-0.1, -3.0, -0.01]
     assert result.finish_reason == "stop" and result.stop_reason == 2  # EOS named like any stop id
-    assert (result.policy_version, result.min_policy_version, result.max_policy_version) == (4, 4, 5)
+    assert (result.policy_version, result.min_policy_version, result.max_policy_version) == (
+        4,
+        4,
+        5,
+    )
     assert result.prompt_tokens == 3 and result.text == "hi"
     assert result.top_logprobs is not None
     assert [[(t.token_id, t.logprob) for t in top] for top in result.top_logprobs] == [
-        [(5, -0.1), (6, -2.5)], [(3, -0.5), (4, -1.5)], [(2, -0.01), (8, -5.0)]]
-    by_string = result_of(request_output([1], completion([5], steps[:1], "stop", "\n\n")), (0, 0), [2], 0, text=False)
-    assert by_string.stop_reason == "\n\n" and by_string.text is None and by_string.top_logprobs is None
-    cut = result_of(request_output([1], completion([5], steps[:1], "length")), (0, 0), [2], 0, text=False)
+        [(5, -0.1), (6, -2.5)],
+        [(3, -0.5), (4, -1.5)],
+        [(2, -0.01), (8, -5.0)],
+    ]
+    by_string = result_of(
+        request_output([1], completion([5], steps[:1], "stop", "\n\n")), (0, 0), [2], 0, text=False
+    )
+    assert (
+        by_string.stop_reason == "\n\n"
+        and by_string.text is None
+        and by_string.top_logprobs is None
+    )
+    cut = result_of(
+        request_output([1], completion([5], steps[:1], "length")), (0, 0), [2], 0, text=False
+    )
     assert cut.finish_reason == "length" and cut.stop_reason is None
 
 
@@ -82,27 +136,45 @@ def test_missing_or_odd_outputs_are_errors() -> None:
     with pytest.raises(RequestError, match="no log-probs"):
         token_logprobs([1], None, 0)
     with pytest.raises(RequestError, match="unexpected reason"):
-        result_of(request_output([1], completion([5], [{5: logprob(-1.0, 1)}], None)), (0, 0), [], 0, text=False)
+        result_of(
+            request_output([1], completion([5], [{5: logprob(-1.0, 1)}], None)),
+            (0, 0),
+            [],
+            0,
+            text=False,
+        )
 
 
 def test_deltas_from_cumulative_outputs() -> None:
     steps = [{5: logprob(-0.1, 1)}, {6: logprob(-0.2, 1)}, {7: logprob(-0.3, 1)}]
-    first = delta_of(request_output([1], completion([5], steps[:1], None, text="a"), finished=False), 0, 0, 0)
-    later = delta_of(request_output([1], completion([5, 6, 7], steps, None, text="abc"), finished=False), 1, 1, 0)
+    first = delta_of(
+        request_output([1], completion([5], steps[:1], None, text="a"), finished=False), 0, 0, 0
+    )
+    later = delta_of(
+        request_output([1], completion([5, 6, 7], steps, None, text="abc"), finished=False), 1, 1, 0
+    )
     assert first == Delta(token_ids=[5], logprobs=[-0.1], text="a", top_logprobs=None)
     assert later == Delta(token_ids=[6, 7], logprobs=[-0.2, -0.3], text="bc", top_logprobs=None)
 
 
 def test_score_from_prompt_logprobs() -> None:
     ids = [1, 2, 3, 4]
-    prompt_logprobs = [None, {2: logprob(-1.0, 3)}, {3: logprob(-0.5, 1)}, {4: logprob(-2.0, 7), 9: logprob(-0.1, 1)}]
+    prompt_logprobs = [
+        None,
+        {2: logprob(-1.0, 3)},
+        {3: logprob(-0.5, 1)},
+        {4: logprob(-2.0, 7), 9: logprob(-0.1, 1)},
+    ]
     assert score_of(prompt_logprobs, ids, prompt_len=2) == [-0.5, -2.0]
     with pytest.raises(RequestError, match="4 ids"):
         score_of(prompt_logprobs[:3], ids, prompt_len=2)
 
 
 def test_reload_call_and_checkpoint_staging(tmp_path: Path) -> None:
-    assert reload_call("/ckpt/step-3") == ("reload_weights", {"weights_path": "/ckpt/step-3", "is_checkpoint_format": True})
+    assert reload_call("/ckpt/step-3") == (
+        "reload_weights",
+        {"weights_path": "/ckpt/step-3", "is_checkpoint_format": True},
+    )
     local = tmp_path / "step-3"
     local.mkdir()
     (local / "model.safetensors").write_bytes(b"x")
@@ -116,8 +188,8 @@ def test_reload_call_and_checkpoint_staging(tmp_path: Path) -> None:
 
 
 def test_vllm_is_not_imported_by_the_package() -> None:
-    import rlbus.consumers.inference.server  # noqa: F401
-    import rlbus.consumers.inference.service  # noqa: F401
+    import rlbus.consumers.inference.server
+    import rlbus.consumers.inference.service
     import rlbus.consumers.inference.vllm_backend  # noqa: F401
 
     assert "vllm" not in sys.modules

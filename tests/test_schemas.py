@@ -92,7 +92,7 @@ def test_newer_reader_decodes_current_events() -> None:
 
 def test_json_task_from_outside_client() -> None:
     raw = b'{"task_id": "j1", "env": "e", "prompt": [{"role": "user", "content": "hi"}]}'
-    event = decode("tasks", raw, None, fallback_event_id="fixed")
+    event = decode("tasks", raw, None, fallback_event_id=lambda: "fixed")
     assert isinstance(event, TaskPublished) and event.event_id == "fixed"
     assert event.prompt == [{"role": "user", "content": "hi"}]
 

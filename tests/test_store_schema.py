@@ -80,8 +80,9 @@ def test_the_dedup_window_follows_the_config(tmp_path: Path) -> None:
     open_store(url).close()
     with open_store(url, dedup_window=500) as store:
         windows = store.query(
-            "SELECT DISTINCT extract(engine_full, 'non_replicated_deduplication_window = ([0-9]+)') "
-            "FROM system.tables WHERE database = currentDatabase() AND name != 'schema_migrations'"
+            "SELECT DISTINCT extract(engine_full, 'deduplication_window = ([0-9]+)') "
+            "FROM system.tables WHERE database = currentDatabase() AND engine LIKE '%MergeTree' "
+            "AND name != 'schema_migrations'"
         ).rows
         assert windows == [("500",)]
 

@@ -14,9 +14,10 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
+import chdb
 import clickhouse_connect
 import pyarrow as pa
 from clickhouse_connect.driver.client import Client
@@ -49,7 +50,8 @@ class Rows:
 
 
 class Store:
-    """Use `open_store`. Safe to share between threads."""
+    """Use `open_store`. Safe to share between threads: each thread that uses the store gets
+    its own client, and all of them close with the store."""
 
     def __init__(
         self,
@@ -68,6 +70,7 @@ class Store:
         self._server_url = server_url
         self._local = threading.local()
         self._clients: list[Client] = []
+        self._chdb_conns: list[Any] = []
         self._lock = threading.Lock()
         self._endpoint: Endpoint | None = None
         self._closed = False
@@ -129,7 +132,7 @@ class Store:
         self._check_write("change the dedup window")
         current = dict(
             self.query(
-                "SELECT name, extract(engine_full, 'non_replicated_deduplication_window = ([0-9]+)') "
+                "SELECT name, extract(engine_full, 'deduplication_window = ([0-9]+)') "
                 "FROM system.tables WHERE database = currentDatabase()"
             ).rows
         )
@@ -153,9 +156,28 @@ class Store:
         if not events:
             return 0
         table = events_to_arrow(events, positions)
-        settings = {"insert_deduplication_token": dedup_token} if dedup_token else None
-        self._client().insert_arrow(type(events[0]).table, table, settings=settings)
+        if self.data_dir is not None:
+            self._insert_chdb(type(events[0]).table, table, dedup_token)
+        else:
+            settings = {"insert_deduplication_token": dedup_token} if dedup_token else None
+            self._client().insert_arrow(type(events[0]).table, table, settings=settings)
         return table.num_rows
+
+    def _insert_chdb(self, name: str, arrow_block: pa.Table, dedup_token: str) -> None:
+        """Insert through chdb's Python() table function, which reads the Arrow table in place:
+        about twice the rate of clickhouse-connect's insert_arrow, which copies the block
+        through an Arrow file first. A connection per thread, since chdb resolves
+        `arrow_block` by name in the calling frame."""
+        conn = getattr(self._local, "chdb", None)
+        if conn is None:
+            conn = chdb.connect(str(self.data_dir))
+            self._local.chdb = conn
+            with self._lock:
+                self._chdb_conns.append(conn)
+        columns = ", ".join(map(quote, arrow_block.column_names))
+        token = dedup_token.replace("\\", "\\\\").replace("'", "\\'")
+        settings = f" SETTINGS insert_deduplication_token = '{token}'" if dedup_token else ""
+        conn.query(f"INSERT INTO {quote(name)} ({columns}){settings} SELECT * FROM Python(arrow_block)")
 
     def read_events(
         self,
@@ -190,10 +212,13 @@ class Store:
                 return
             self._closed = True
             clients, self._clients = self._clients, []
+            conns, self._chdb_conns = self._chdb_conns, []
         if self._endpoint is not None:
             self._endpoint.close()
         for client in clients:
             client.close()
+        for conn in conns:
+            conn.close()
 
     def __enter__(self) -> Store:
         return self

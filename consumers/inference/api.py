@@ -35,12 +35,12 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_tokens: int | None = None
     """None: up to the model's context length."""
     stop: list[str] = []
-    """Strings that end the completion; the text stops before them, the ids keep every sampled token."""
+    """Strings that end the completion: the text stops before them, the ids keep every token."""
     stop_token_ids: list[int] = []
-    """Extra ids that end the completion (kept as the last completion id), besides the model's EOS."""
+    """Ids that end the completion (kept as its last id), besides the model's EOS."""
     ignore_eos: bool = False
     seed: int | None = None
-    """Per-request seed: the same seed, prompt and weights give the same tokens, whatever the batch."""
+    """Same seed, prompt and weights: same tokens, whatever else shares the batch."""
     top_logprobs: int = 0
     """Also return this many most likely tokens (and their log-probs) at each position, up to 20."""
 
@@ -103,7 +103,7 @@ class Delta(msgspec.Struct, kw_only=True):
 
 
 class ScoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Body of POST /v1/score: log-probs the model assigns to given completion ids (prefill only)."""
+    """Body of POST /v1/score: log-probs the model gives completion ids (prefill only)."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -121,7 +121,7 @@ class ScoreResult(msgspec.Struct, kw_only=True):
 
 
 class WeightsRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Body of POST /v1/weights: load a checkpoint (safetensors file or directory, any fsspec URL)."""
+    """Body of POST /v1/weights: load a safetensors file or directory at any fsspec URL."""
 
     uri: str
     version: int
@@ -153,14 +153,22 @@ class InferenceBackend(Protocol):
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, text: bool = False) -> GenerateResult: ...
-    def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[Delta | GenerateResult]:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, text: bool = False
+    ) -> GenerateResult: ...
+    def stream(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[Delta | GenerateResult]:
         """Deltas as tokens are sampled, then the GenerateResult (with text) as the last item."""
         ...
-    async def score(self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> ScoreResult: ...
+
+    async def score(
+        self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0
+    ) -> ScoreResult: ...
     async def load_weights(self, uri: str, version: int) -> float:
-        """Load a checkpoint and serve it as `version` from the next step on; returns seconds taken."""
+        """Load a checkpoint, serve it as `version` from the next step; return seconds taken."""
         ...
+
     def stats(self) -> EngineStats: ...
 
 

@@ -15,6 +15,52 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 
+class GrowingLayer(DynamicLayer):
+    """A DynamicLayer that appends into spare room instead of re-concatenating the whole cache.
+
+    DynamicLayer copies every cached key and value at every decode step (torch.cat); here the
+    tensors live in a buffer with room to grow (doubling), so a step writes one position.
+    `keys` / `values` stay views of the filled part, as the model and PaddedBatch expect.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._room: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def replace(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Set the cached tensors outright (PaddedBatch's select and merge)."""
+        self.keys, self.values = keys, values
+        self._room = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.keys, self.values = key_states[..., :0, :], value_states[..., :0, :]
+        filled, new = self.keys.shape[-2], key_states.shape[-2]
+        if self._room is None or filled + new > self._room[0].shape[-2]:
+            capacity = max(64, 2 * (filled + new))
+            grown = []
+            for old, incoming in ((self.keys, key_states), (self.values, value_states)):
+                buffer = incoming.new_empty((*incoming.shape[:-2], capacity, incoming.shape[-1]))
+                buffer[..., :filled, :] = old
+                grown.append(buffer)
+            self._room = (grown[0], grown[1])
+        keys_room, values_room = self._room
+        keys_room[..., filled : filled + new, :] = key_states
+        values_room[..., filled : filled + new, :] = value_states
+        self.keys = keys_room[..., : filled + new, :]
+        self.values = values_room[..., : filled + new, :]
+        return self.keys, self.values
+
+
+def _new_cache(model: PreTrainedModel) -> DynamicCache:
+    cache = DynamicCache(config=model.config)
+    cache.layers = [GrowingLayer() for _ in cache.layers]
+    return cache
+
+
 def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     missing = width - t.shape[dim]
     if missing == 0:
@@ -25,7 +71,9 @@ def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 
 
 class PaddedBatch:
-    """KV cache [B, H, T, D] per layer, mask [B, T] (1 = real token), lengths [B] (= next position)."""
+    """KV cache [B, H, T, D] per layer, mask [B, T] (1: real token), lengths [B] (next position)."""
+
+    cache: DynamicCache  # of GrowingLayers
 
     def __init__(self, cache: DynamicCache, mask: torch.Tensor, lengths: torch.Tensor) -> None:
         self.cache = cache
@@ -49,26 +97,39 @@ class PaddedBatch:
             )
 
     @classmethod
-    def prefill(cls, model: PreTrainedModel, sequences: list[list[int]]) -> tuple[PaddedBatch, torch.Tensor]:
+    def prefill(
+        cls, model: PreTrainedModel, sequences: list[list[int]]
+    ) -> tuple[PaddedBatch, torch.Tensor]:
         """Run the sequences through the model; return the batch and next-token logits [B, V]."""
         device = model.device
         width = max(len(s) for s in sequences)
         ids = torch.zeros((len(sequences), width), dtype=torch.long, device=device)
         mask = torch.zeros((len(sequences), width), dtype=torch.long, device=device)
         for row, seq in enumerate(sequences):
-            ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
-            mask[row, width - len(seq):] = 1
+            ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[row, width - len(seq) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=model.config)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                    use_cache=True, logits_to_keep=1)
+        cache = _new_cache(model)
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         return cls(cache, mask, mask.sum(-1)), out.logits[:, -1]
 
     def decode(self, model: PreTrainedModel, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row; return next-token logits [B, V]."""
         self.mask = torch.cat([self.mask, self.mask.new_ones((self.size, 1))], dim=1)
-        out = model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.lengths[:, None],
-                    cache=self.cache, use_cache=True)
+        out = model(
+            input_ids=tokens[:, None],
+            attention_mask=self.mask,
+            position_ids=self.lengths[:, None],
+            cache=self.cache,
+            use_cache=True,
+        )
         self.lengths = self.lengths + 1
         return out.logits[:, -1]
 
@@ -79,14 +140,24 @@ class PaddedBatch:
         self.mask = mask[:, first:]
         self.lengths = self.lengths.index_select(0, keep)
         for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, keep)[:, :, first:]
-            layer.values = layer.values.index_select(0, keep)[:, :, first:]
+            layer.replace(
+                layer.keys.index_select(0, keep)[:, :, first:],
+                layer.values.index_select(0, keep)[:, :, first:],
+            )
 
     def merge(self, other: PaddedBatch) -> None:
         """Append `other`'s rows after this batch's rows, padding the shorter on the left."""
         width = max(self.mask.shape[1], other.mask.shape[1])
-        self.mask = torch.cat([_left_pad(self.mask, width, 1), _left_pad(other.mask, width, 1)], dim=0)
+        self.mask = torch.cat(
+            [_left_pad(self.mask, width, 1), _left_pad(other.mask, width, 1)], dim=0
+        )
         self.lengths = torch.cat([self.lengths, other.lengths])
         for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
-            mine.keys = torch.cat([_left_pad(mine.keys, width, 2), _left_pad(theirs.keys, width, 2)], dim=0)
-            mine.values = torch.cat([_left_pad(mine.values, width, 2), _left_pad(theirs.values, width, 2)], dim=0)
+            mine.replace(
+                torch.cat(
+                    [_left_pad(mine.keys, width, 2), _left_pad(theirs.keys, width, 2)], dim=0
+                ),
+                torch.cat(
+                    [_left_pad(mine.values, width, 2), _left_pad(theirs.values, width, 2)], dim=0
+                ),
+            )

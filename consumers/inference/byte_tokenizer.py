@@ -16,7 +16,14 @@ TURN_END = "<|im_end|>"
 SPECIAL_TOKENS = (PAD, TURN_START, TURN_END)
 # Tool and reasoning markers are ordinary (non-special) added tokens, so they survive
 # `skip_special_tokens=True` when a completion is decoded.
-MARKER_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+MARKER_TOKENS = (
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+)
 
 # Jinja string literals carry the newlines (`'\n'`), never the template text itself, so
 # whitespace control cannot eat them. Tool calls are rendered exactly as the renderer parses
@@ -29,7 +36,8 @@ CHAT_TEMPLATE = r"""
 {%- endif -%}
 {%- if tools -%}
   {%- if ns.system -%}{%- set ns.system = ns.system ~ '\n\n' -%}{%- endif -%}
-  {%- set ns.system = ns.system ~ 'You can call these tools. To call one, write <tool_call>{"name": NAME, "arguments": {...}}</tool_call>.\n' -%}
+  {%- set ns.system = ns.system ~ 'You can call these tools. To call one, write '
+        ~ '<tool_call>{"name": NAME, "arguments": {...}}</tool_call>.\n' -%}
   {%- for tool in tools -%}{%- set ns.system = ns.system ~ (tool | tojson) ~ '\n' -%}{%- endfor -%}
 {%- endif -%}
 {%- if ns.system -%}{{- '<|im_start|>system\n' ~ ns.system ~ '<|im_end|>\n' -}}{%- endif -%}
@@ -38,12 +46,15 @@ CHAT_TEMPLATE = r"""
     {{- '<|im_start|>assistant\n' ~ (message['content'] or '') -}}
     {%- for call in message.get('tool_calls') or [] -%}
       {%- set fn = call['function'] if call['function'] is defined else call -%}
-      {%- set args = fn['arguments'] if fn['arguments'] is string else (fn['arguments'] | tojson) -%}
-      {{- '<tool_call>{"name": ' ~ (fn['name'] | tojson) ~ ', "arguments": ' ~ args ~ '}</tool_call>' -}}
+      {%- set args = fn['arguments'] if fn['arguments'] is string
+                     else (fn['arguments'] | tojson) -%}
+      {{- '<tool_call>{"name": ' ~ (fn['name'] | tojson) ~ ', "arguments": ' ~ args
+          ~ '}</tool_call>' -}}
     {%- endfor -%}
     {{- '<|im_end|>\n' -}}
   {%- elif message['role'] == 'tool' -%}
-    {{- '<|im_start|>tool\n<tool_response>' ~ message['content'] ~ '</tool_response><|im_end|>\n' -}}
+    {{- '<|im_start|>tool\n<tool_response>' ~ message['content']
+        ~ '</tool_response><|im_end|>\n' -}}
   {%- else -%}
     {{- '<|im_start|>' ~ message['role'] ~ '\n' ~ message['content'] ~ '<|im_end|>\n' -}}
   {%- endif -%}
@@ -53,8 +64,12 @@ CHAT_TEMPLATE = r"""
 
 
 def _byte_alphabet() -> list[str]:
-    """The printable character ByteLevel pre-tokenization maps each byte 0..255 to, in byte order."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    """The printable character ByteLevel pre-tokenization maps each byte to, in byte order."""
+    keep = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars: dict[int, str] = {b: chr(b) for b in keep}
     shifted = 0
     for b in range(256):

@@ -50,7 +50,9 @@ def read_checkpoint(uri: str) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def match_parameters(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+def match_parameters(
+    model: torch.nn.Module, tensors: dict[str, torch.Tensor]
+) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
     """Pair every model parameter with its checkpoint tensor, or fail naming what is wrong.
 
     Tied parameters (one tensor under several names, e.g. lm_head and embed_tokens) need one
@@ -74,7 +76,9 @@ def match_parameters(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -
             continue
         tensor, param = tensors[found], params[key]
         if tuple(tensor.shape) != tuple(param.shape):
-            misshaped.append(f"{found}: checkpoint {tuple(tensor.shape)} vs model {tuple(param.shape)}")
+            misshaped.append(
+                f"{found}: checkpoint {tuple(tensor.shape)} vs model {tuple(param.shape)}"
+            )
             continue
         pairs.append((param, tensor))
     problems = []

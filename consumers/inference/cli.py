@@ -26,10 +26,19 @@ def model_group() -> None:
 
 @model_app.command("init")
 def init(
-    path: Annotated[Path, typer.Argument(help="Directory to write the model to (created if missing).")],
-    arch: Annotated[Arch, typer.Option(help="Architecture (a transformers config class).")] = "llama",
-    size: Annotated[Size, typer.Option(help="tiny: ~0.9M parameters (CPU tests); small: ~25M.")] = "tiny",
-    tokenizer: Annotated[TokenizerKind, typer.Option(help="Tokenizer built locally: byte-level with a chat template.")] = "bytes",
+    path: Annotated[
+        Path, typer.Argument(help="Directory to write the model to (created if missing).")
+    ],
+    arch: Annotated[
+        Arch, typer.Option(help="Architecture (a transformers config class).")
+    ] = "llama",
+    size: Annotated[
+        Size, typer.Option(help="tiny: ~0.9M parameters (CPU tests); small: ~25M.")
+    ] = "tiny",
+    tokenizer: Annotated[
+        TokenizerKind,
+        typer.Option(help="Tokenizer built locally: byte-level with a chat template."),
+    ] = "bytes",
     seed: Annotated[int, typer.Option(help="Seed of the random initialisation.")] = 0,
 ) -> None:
     """Write a Hugging Face model directory (config.json, model.safetensors, tokenizer) to PATH."""
@@ -39,8 +48,14 @@ def init(
     with console.status(f"initialising {arch}/{size} in {path}"):
         params = init_model(path, arch=arch, size=size, tokenizer=tokenizer, seed=seed)
     table = Table(title="rlbus model init", show_header=False)
-    for name, value in (("path", str(path)), ("arch", arch), ("size", size), ("parameters", f"{params:,}"),
-                        ("tokenizer", tokenizer), ("seed", str(seed))):
+    for name, value in (
+        ("path", str(path)),
+        ("arch", arch),
+        ("size", size),
+        ("parameters", f"{params:,}"),
+        ("tokenizer", tokenizer),
+        ("seed", str(seed)),
+    ):
         table.add_row(name, value)
     console.print(table)
 
@@ -65,13 +80,16 @@ def serve(
     engine = build_backend(model_path, backend, device=device, policy_version=policy_version)
     app = build_app(engine, model_path, model_name=model_name, renderer=renderer)
     name = model_name or Path(model_path).name
-    console.print(f"[bold]inference[/bold] {name} ({backend} on {device}) at http://{host}:{port}/v1")
+    console.print(
+        f"[bold]inference[/bold] {name} ({backend} on {device}) at http://{host}:{port}/v1"
+    )
     if settings is None:
         uvicorn.run(app, host=host, port=port, log_level="warning")
         return
     from rlbus.commands.common import run_until_signal
     from rlbus.consumers.inference.worker import run_worker
 
-    console.print(f"following weights of run {settings.run_id!r} on {settings.kafka.bootstrap_servers}")
+    console.print(
+        f"following weights of run {settings.run_id!r} on {settings.kafka.bootstrap_servers}"
+    )
     run_until_signal(lambda stop: run_worker(settings, engine, app, host, port, stop, worker_id))
-

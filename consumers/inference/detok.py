@@ -32,11 +32,11 @@ class TextStream:
         if self.stopped_by is not None:
             return
         self._ids.append(token_id)
-        before = self._decode(self._ids[self._prefix:self._read])
-        after = self._decode(self._ids[self._prefix:])
+        before = self._decode(self._ids[self._prefix : self._read])
+        after = self._decode(self._ids[self._prefix :])
         if len(after) <= len(before) or after.endswith("\ufffd"):
             return
-        new = after[len(before):]
+        new = after[len(before) :]
         self._prefix, self._read = self._read, len(self._ids)
         start = max(0, len(self.text) - self._holdback)
         self.text += new
@@ -47,13 +47,17 @@ class TextStream:
 
     def flush(self) -> str:
         """Text not yet handed out; while running, keeps back what could start a stop string."""
-        end = len(self.text) if self.stopped_by is not None else max(self._emitted, len(self.text) - self._holdback)
-        out = self.text[self._emitted:end]
+        end = (
+            len(self.text)
+            if self.stopped_by is not None
+            else max(self._emitted, len(self.text) - self._holdback)
+        )
+        out = self.text[self._emitted : end]
         self._emitted = end
         return out
 
     def finish(self) -> str:
         """Everything not yet handed out (the completion is over, nothing can still match)."""
-        out = self.text[self._emitted:]
+        out = self.text[self._emitted :]
         self._emitted = len(self.text)
         return out

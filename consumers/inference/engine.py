@@ -26,9 +26,15 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from rlbus.consumers.inference.api import (
     ContextLengthError,
@@ -89,7 +95,9 @@ class _Sequence:
     stop_reason: int | str | None = None
     aborted: bool = False
 
-    def advance(self, token: int, logprob: float, top: list[TopLogprob] | None, version: int) -> FinishReason | None:
+    def advance(
+        self, token: int, logprob: float, top: list[TopLogprob] | None, version: int
+    ) -> FinishReason | None:
         self.completion.append(token)
         self.logprobs.append(logprob)
         if self.top is not None and top is not None:
@@ -171,8 +179,9 @@ class Engine:
         PaddedBatch.check_supported(model)
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self._max_context = int(model.config.max_position_embeddings)
-        self._vocab_size = int(model.config.get_text_config().vocab_size)
+        text_config = model.config.get_text_config()
+        self._max_context = int(text_config.max_position_embeddings)
+        self._vocab_size = int(text_config.vocab_size)
         self._eos = self._eos_ids(model, tokenizer)
         self._max_batch_size = max_batch_size
         self._max_prefill_tokens = max_prefill_tokens
@@ -198,16 +207,28 @@ class Engine:
         *,
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
-        **kwargs: object,
+        policy_version: int = 0,
+        max_batch_size: int = 256,
+        seed: int = 0,
     ) -> Engine:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        return cls(model, tokenizer, **kwargs)  # type: ignore[arg-type]
+        return cls(
+            model,
+            tokenizer,
+            policy_version=policy_version,
+            max_batch_size=max_batch_size,
+            seed=seed,
+        )
 
     @staticmethod
     def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
         ids: set[int] = set()
-        for source in (model.generation_config.eos_token_id, model.config.eos_token_id, tokenizer.eos_token_id):
+        for source in (
+            model.generation_config.eos_token_id,
+            model.config.eos_token_id,
+            tokenizer.eos_token_id,
+        ):
             if isinstance(source, int):
                 ids.add(source)
             elif source:
@@ -230,7 +251,9 @@ class Engine:
 
     async def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="rlbus-inference-engine", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, name="rlbus-inference-engine", daemon=True
+            )
             self._thread.start()
 
     async def stop(self) -> None:
@@ -239,7 +262,7 @@ class Engine:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
 
-    async def __aenter__(self) -> Engine:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -248,15 +271,19 @@ class Engine:
 
     # ---- requests (called from asyncio) ------------------------------------------------------
 
-    def _submit(self, prompt_ids: list[int], params: SamplingParams, *, want_text: bool, stream: bool) -> _Sequence:
+    def _submit(
+        self, prompt_ids: list[int], params: SamplingParams, *, want_text: bool, stream: bool
+    ) -> _Sequence:
         if self._thread is None:
-            raise RuntimeError("engine is not started: call `await engine.start()` or use `async with engine`")
+            raise RuntimeError(
+                "engine is not started: call `await engine.start()` or use `async with engine`"
+            )
         check_prompt(prompt_ids, self._vocab_size, self._max_context)
         check_vocab(params.stop_token_ids, self._vocab_size, "stop_token_ids")
         room = self._max_context - len(prompt_ids)
         loop = asyncio.get_running_loop()
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self._eos)
-        needs_text = want_text or stream or bool(params.stop)
+        want_text = want_text or stream
         seq = _Sequence(
             prompt_ids=list(prompt_ids),
             params=params,
@@ -265,9 +292,11 @@ class Engine:
             loop=loop,
             future=loop.create_future(),
             deltas=asyncio.Queue() if stream else None,
-            text=TextStream(self._decode, params.stop) if needs_text else None,
-            want_text=needs_text,
-            generator=None if params.seed is None else torch.Generator(device=self.model.device).manual_seed(params.seed),
+            text=TextStream(self._decode, params.stop) if want_text or params.stop else None,
+            want_text=want_text,
+            generator=None
+            if params.seed is None
+            else torch.Generator(device=self.model.device).manual_seed(params.seed),
             top=[] if params.top_logprobs else None,
         )
         self._inbox.put(seq)
@@ -276,7 +305,9 @@ class Engine:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams | None = None, *, text: bool = False) -> GenerateResult:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams | None = None, *, text: bool = False
+    ) -> GenerateResult:
         seq = self._submit(prompt_ids, params or SamplingParams(), want_text=text, stream=False)
         try:
             return await seq.future
@@ -284,7 +315,9 @@ class Engine:
             seq.aborted = True
             raise
 
-    async def stream(self, prompt_ids: list[int], params: SamplingParams | None = None) -> AsyncIterator[Delta | GenerateResult]:
+    async def stream(
+        self, prompt_ids: list[int], params: SamplingParams | None = None
+    ) -> AsyncIterator[Delta | GenerateResult]:
         seq = self._submit(prompt_ids, params or SamplingParams(), want_text=True, stream=True)
         assert seq.deltas is not None
         done = False
@@ -299,13 +332,18 @@ class Engine:
             if not done:
                 seq.aborted = True
 
-    async def score(self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> ScoreResult:
+    async def score(
+        self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0
+    ) -> ScoreResult:
         if self._thread is None:
             raise RuntimeError("engine is not started")
         check_prompt(prompt_ids, self._vocab_size, self._max_context)
         ids = list(prompt_ids) + list(completion_ids)
         if len(ids) > self._max_context:
-            raise ContextLengthError(f"prompt + completion is {len(ids)} tokens; this model's context is {self._max_context}")
+            raise ContextLengthError(
+                f"prompt + completion is {len(ids)} tokens; "
+                f"this model's context is {self._max_context}"
+            )
         check_vocab(completion_ids, self._vocab_size, "completion_ids")
         loop = asyncio.get_running_loop()
         job = _ScoreJob(ids, len(prompt_ids), temperature, loop, loop.create_future())
@@ -313,12 +351,15 @@ class Engine:
         return await job.future
 
     async def load_weights(self, uri: str, version: int) -> float:
-        """Read a safetensors checkpoint through fsspec and serve it as `version` from the next step."""
+        """Read a safetensors checkpoint (fsspec); serve it as `version` from the next step."""
         if self._thread is None:
             raise RuntimeError("engine is not started")
         async with self._swap_lock:
             if version <= self._version:
-                raise RequestError(f"weights version {version} is not newer than the served version {self._version}")
+                raise RequestError(
+                    f"weights version {version} is not newer than the served "
+                    f"version {self._version}"
+                )
             started = time.perf_counter()
 
             def prepare() -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
@@ -351,7 +392,9 @@ class Engine:
 
     def _run(self) -> None:
         with torch.inference_mode():
-            while self._take_inbox(block=not (self._rows or self._waiting or self._scores or self._swap)):
+            while self._take_inbox(
+                block=not (self._rows or self._waiting or self._scores or self._swap)
+            ):
                 try:
                     self._iterate()
                 except Exception as exc:  # a failed step must fail its requests, never hang them
@@ -403,13 +446,13 @@ class Engine:
 
     def _run_scores(self) -> None:
         jobs, self._scores = self._scores, []
-        try:
-            for chunk in self._chunks(jobs, lambda j: len(j.ids)):
+        for chunk in self._chunks(jobs):
+            try:
                 self._score_chunk(chunk)
-        except Exception as exc:
-            for job in jobs:
-                _post(job.loop, _fail, job.future, exc)
-            raise
+            except Exception as exc:  # fails these scores only; running generations go on
+                log.exception("scoring %d requests failed", len(chunk))
+                for job in chunk:
+                    _post(job.loop, _fail, job.future, RuntimeError(f"scoring failed: {exc!r}"))
 
     def _score_chunk(self, jobs: list[_ScoreJob]) -> None:
         width = max(len(j.ids) for j in jobs)
@@ -417,29 +460,38 @@ class Engine:
         ids = torch.zeros((len(jobs), width), dtype=torch.long, device=device)
         mask = torch.zeros_like(ids)
         for row, job in enumerate(jobs):
-            ids[row, width - len(job.ids):] = torch.tensor(job.ids)
-            mask[row, width - len(job.ids):] = 1
+            ids[row, width - len(job.ids) :] = torch.tensor(job.ids)
+            mask[row, width - len(job.ids) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        logits = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
+        ).logits
         for row, job in enumerate(jobs):
             start = width - len(job.ids) + job.prompt_len
             # logits at position i predict token i + 1
-            scored = torch.log_softmax(logits[row, start - 1:width - 1].float() / job.temperature, dim=-1)
+            scored = torch.log_softmax(
+                logits[row, start - 1 : width - 1].float() / job.temperature, dim=-1
+            )
             targets = ids[row, start:width]
             values = scored.gather(-1, targets[:, None]).squeeze(-1).tolist()
             self._counters.requests_scored += 1
-            _post(job.loop, _resolve, job.future, ScoreResult(logprobs=values, policy_version=self._version))
+            _post(
+                job.loop,
+                _resolve,
+                job.future,
+                ScoreResult(logprobs=values, policy_version=self._version),
+            )
 
-    def _chunks(self, items: list, size_of) -> list[list]:
-        """Split work so that one forward pass holds at most max_prefill_tokens (but at least one item)."""
-        chunks: list[list] = [[]]
+    def _chunks(self, jobs: list[_ScoreJob]) -> list[list[_ScoreJob]]:
+        """Split scoring into forward passes of at most max_prefill_tokens (at least one job)."""
+        chunks: list[list[_ScoreJob]] = [[]]
         budget = self._max_prefill_tokens
-        for item in items:
-            n = size_of(item)
+        for job in jobs:
+            n = len(job.ids)
             if chunks[-1] and n > budget:
                 chunks.append([])
                 budget = self._max_prefill_tokens
-            chunks[-1].append(item)
+            chunks[-1].append(job)
             budget -= n
         return chunks
 
@@ -472,7 +524,9 @@ class Engine:
                 break
             take.append(self._waiting.popleft())
             budget -= n
-        new_batch, logits = PaddedBatch.prefill(self.model, [s.prompt_ids + s.completion for s in take])
+        new_batch, logits = PaddedBatch.prefill(
+            self.model, [s.prompt_ids + s.completion for s in take]
+        )
         self._counters.prompt_tokens += sum(len(s.prompt_ids) for s in take if not s.completion)
         keep, tokens = self._advance(take, logits, self._row_settings(take))
         if not keep:
@@ -498,8 +552,10 @@ class Engine:
             self.model.device,
         )
 
-    def _advance(self, rows: list[_Sequence], logits: torch.Tensor, settings: RowSettings) -> tuple[list[int], torch.Tensor]:
-        """Sample one token per row, hand out deltas and finished results; return surviving row indices."""
+    def _advance(
+        self, rows: list[_Sequence], logits: torch.Tensor, settings: RowSettings
+    ) -> tuple[list[int], torch.Tensor]:
+        """Sample a token per row, hand out deltas and results; return the surviving rows."""
         drawn = sample(logits, settings, self._generator)
         tokens = drawn.tokens.tolist()
         logprobs = drawn.logprobs.tolist()
@@ -513,13 +569,19 @@ class Engine:
             top = None
             if top_ids is not None and top_lps is not None and seq.params.top_logprobs:
                 k = seq.params.top_logprobs
-                top = [TopLogprob(t, lp) for t, lp in zip(top_ids[i][:k], top_lps[i][:k], strict=True)]
+                top = [
+                    TopLogprob(t, lp) for t, lp in zip(top_ids[i][:k], top_lps[i][:k], strict=True)
+                ]
             reason = seq.advance(tokens[i], logprobs[i], top, version)
             if seq.deltas is not None:
                 assert seq.text is not None
                 text = seq.text.finish() if reason else seq.text.flush()
-                delta = Delta(token_ids=[tokens[i]], logprobs=[logprobs[i]], text=text,
-                              top_logprobs=[top] if top is not None else None)
+                delta = Delta(
+                    token_ids=[tokens[i]],
+                    logprobs=[logprobs[i]],
+                    text=text,
+                    top_logprobs=[top] if top is not None else None,
+                )
                 _post(seq.loop, seq.deltas.put_nowait, delta)
             if reason is None:
                 keep.append(i)
@@ -541,9 +603,13 @@ class Engine:
             return
         index = torch.tensor(keep, device=self._next.device)
         self._batch.select(index)
-        self._set_rows([self._rows[i] for i in keep], self._batch, self._next.index_select(0, index))
+        self._set_rows(
+            [self._rows[i] for i in keep], self._batch, self._next.index_select(0, index)
+        )
 
-    def _set_rows(self, rows: list[_Sequence], batch: PaddedBatch | None, tokens: torch.Tensor | None) -> None:
+    def _set_rows(
+        self, rows: list[_Sequence], batch: PaddedBatch | None, tokens: torch.Tensor | None
+    ) -> None:
         self._rows, self._batch, self._next = rows, batch, tokens
         self._settings = None
 
@@ -560,4 +626,3 @@ class Engine:
         self._scores = []
         self._swap = None
         self._set_rows([], None, None)
-

@@ -22,10 +22,20 @@ TokenizerKind = Literal["bytes"]
 # tiny: ~0.9M parameters, fast enough on 2 CPU cores for tests and the RL smoke runs
 # (FACTS.md: ~15k tokens/s at batch 64). small: ~27M, for runs that should learn more.
 _SHAPES: dict[Size, dict[str, int]] = {
-    "tiny": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
-             "num_attention_heads": 4, "num_key_value_heads": 2},
-    "small": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
-              "num_attention_heads": 8, "num_key_value_heads": 4},
+    "tiny": {
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+    "small": {
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+    },
 }
 CONTEXT_LENGTH = 2048
 
@@ -55,7 +65,7 @@ def init_model(
     tokenizer: TokenizerKind = "bytes",
     seed: int = 0,
 ) -> int:
-    """Write config.json, model.safetensors and the tokenizer files to `path`; return the parameter count."""
+    """Write config.json, model.safetensors and the tokenizer to `path`; return #parameters."""
     if tokenizer != "bytes":
         raise ValueError(f"unknown tokenizer {tokenizer!r}; only 'bytes' is built locally")
     if size not in _SHAPES:

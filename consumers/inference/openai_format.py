@@ -11,11 +11,17 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
-from rlbus.consumers.inference.api import Delta, GenerateResult, RequestError, SamplingParams, TopLogprob
+from rlbus.consumers.inference.api import (
+    Delta,
+    GenerateResult,
+    RequestError,
+    SamplingParams,
+    TopLogprob,
+)
 
 TokenText = Callable[[int], str]
 
@@ -53,7 +59,7 @@ class ChatRequest(msgspec.Struct, kw_only=True):
             raise ValueError(f"n must be in [1, 16], got {self.n}")
         if self.stream and self.n != 1:
             raise ValueError("n > 1 is not supported with stream")
-        # Refused rather than ignored: a caller relying on them would get silently different samples.
+        # Refused, not ignored: a caller relying on them would silently get other samples.
         if self.presence_penalty or self.frequency_penalty or self.logit_bias:
             raise ValueError("presence_penalty, frequency_penalty and logit_bias are not supported")
         if self.response_format and self.response_format.get("type", "text") != "text":
@@ -78,7 +84,9 @@ def sampling_params(req: ChatRequest, stop_token_ids: list[int], choice: int) ->
     return SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
-        max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
+        max_tokens=req.max_completion_tokens
+        if req.max_completion_tokens is not None
+        else req.max_tokens,
         stop=stop,
         # ignore_eos keeps sampling past the end of the turn, so the template's stop ids go too.
         stop_token_ids=[*req.stop_token_ids, *([] if req.ignore_eos else stop_token_ids)],
@@ -89,7 +97,13 @@ def sampling_params(req: ChatRequest, stop_token_ids: list[int], choice: int) ->
     )
 
 
-def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(
+    message: str,
+    *,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -102,12 +116,19 @@ def _entry(token_id: int, logprob: float, token_text: TokenText) -> dict[str, An
     return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
 
-def logprobs_content(token_ids: list[int], logprobs: list[float], tops: list[list[TopLogprob]] | None, token_text: TokenText) -> list[dict[str, Any]]:
+def logprobs_content(
+    token_ids: list[int],
+    logprobs: list[float],
+    tops: list[list[TopLogprob]] | None,
+    token_text: TokenText,
+) -> list[dict[str, Any]]:
     """OpenAI's `choices[].logprobs.content`: one entry per sampled token."""
     out = []
     for i, (token_id, logprob) in enumerate(zip(token_ids, logprobs, strict=True)):
         entry = _entry(token_id, logprob, token_text)
-        entry["top_logprobs"] = [_entry(t.token_id, t.logprob, token_text) for t in tops[i]] if tops else []
+        entry["top_logprobs"] = (
+            [_entry(t.token_id, t.logprob, token_text) for t in tops[i]] if tops else []
+        )
         out.append(entry)
     return out
 
@@ -119,7 +140,7 @@ def finish_reason(result: GenerateResult, message: dict[str, Any]) -> str:
 
 
 def cut_at_stop(message: dict[str, Any], result: GenerateResult) -> dict[str, Any]:
-    """OpenAI returns text before a stop string; the ids (and log-probs) keep every sampled token."""
+    """OpenAI returns the text before a stop string; ids and log-probs keep every token."""
     content = message.get("content")
     if isinstance(result.stop_reason, str) and isinstance(content, str):
         at = content.find(result.stop_reason)
@@ -154,8 +175,13 @@ def chat_response(
         choice: dict[str, Any] = {
             "index": index,
             "message": message,
-            "logprobs": {"content": logprobs_content(result.completion_ids, result.logprobs, result.top_logprobs, token_text)}
-            if req.logprobs else None,
+            "logprobs": {
+                "content": logprobs_content(
+                    result.completion_ids, result.logprobs, result.top_logprobs, token_text
+                )
+            }
+            if req.logprobs
+            else None,
             "finish_reason": finish_reason(result, message),
         }
         if req.return_token_ids:
@@ -168,8 +194,11 @@ def chat_response(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
-                  "total_tokens": len(prompt_ids) + completion_tokens},
+        "usage": {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(prompt_ids) + completion_tokens,
+        },
         **version_fields(results),
     }
     if req.return_token_ids:
@@ -187,38 +216,77 @@ class ChunkWriter:
         self._id = new_id()
         self._created = int(time.time())
 
-    def _chunk(self, delta: dict[str, Any], *, logprobs: list[dict[str, Any]] | None = None,
-               finish: str | None = None, **extra: Any) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": {"content": logprobs} if logprobs is not None else None,
-                                  "finish_reason": finish}
-        return {"id": self._id, "object": "chat.completion.chunk", "created": self._created, "model": self._model,
-                "choices": [choice], **extra}
+    def _chunk(
+        self,
+        delta: dict[str, Any],
+        *,
+        logprobs: list[dict[str, Any]] | None = None,
+        finish: str | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": {"content": logprobs} if logprobs is not None else None,
+            "finish_reason": finish,
+        }
+        return {
+            "id": self._id,
+            "object": "chat.completion.chunk",
+            "created": self._created,
+            "model": self._model,
+            "choices": [choice],
+            **extra,
+        }
 
     def opening(self) -> dict[str, Any]:
         return self._chunk({"role": "assistant", "content": ""})
 
     def delta(self, item: Delta, *, with_text: bool) -> dict[str, Any] | None:
-        logprobs = logprobs_content(item.token_ids, item.logprobs, item.top_logprobs, self._token_text) if self._req.logprobs else None
+        logprobs = (
+            logprobs_content(item.token_ids, item.logprobs, item.top_logprobs, self._token_text)
+            if self._req.logprobs
+            else None
+        )
         text = item.text if with_text else ""
         if not text and logprobs is None:
             return None
         extra = {"token_ids": item.token_ids} if self._req.return_token_ids else {}
         return self._chunk({"content": text} if text else {}, logprobs=logprobs, **extra)
 
-    def closing(self, result: GenerateResult, message: dict[str, Any], *, final_message: bool) -> dict[str, Any]:
-        """Last choice chunk; with tools the whole parsed message comes here instead of as text deltas."""
+    def closing(
+        self, result: GenerateResult, message: dict[str, Any], *, final_message: bool
+    ) -> dict[str, Any]:
+        """The last choice chunk; with tools it holds the whole parsed message (no text deltas)."""
         delta: dict[str, Any] = {}
         if final_message:
             delta = {"content": message.get("content")}
             if message.get("tool_calls"):
-                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+                delta["tool_calls"] = [
+                    {"index": i, **call} for i, call in enumerate(message["tool_calls"])
+                ]
         return self._chunk(delta, finish=finish_reason(result, message), **version_fields([result]))
 
     def usage(self, prompt_tokens: int, result: GenerateResult) -> dict[str, Any]:
         n = len(result.completion_ids)
-        return {"id": self._id, "object": "chat.completion.chunk", "created": self._created, "model": self._model,
-                "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}}
+        return {
+            "id": self._id,
+            "object": "chat.completion.chunk",
+            "created": self._created,
+            "model": self._model,
+            "choices": [],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": n,
+                "total_tokens": prompt_tokens + n,
+            },
+        }
 
 
-def model_list(names: list[str], created: int) -> dict[str, Literal["list"] | list[dict[str, Any]]]:
-    return {"object": "list", "data": [{"id": n, "object": "model", "created": created, "owned_by": "rlbus"} for n in names]}
+def model_list(names: list[str], created: int) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {"id": n, "object": "model", "created": created, "owned_by": "rlbus"} for n in names
+        ],
+    }

@@ -45,12 +45,21 @@ class Renderer(Protocol):
         """Prompt ids for `messages`, ending with the assistant generation prompt."""
         ...
 
-    def parse(self, completion_ids: list[int], *, tools: Tools = None, prompt_ids: list[int] | None = None) -> dict[str, Any]:
-        """The assistant message (OpenAI shape: content, tool_calls, reasoning_content) sampled as these ids."""
+    def parse(
+        self, completion_ids: list[int], *, tools: Tools = None, prompt_ids: list[int] | None = None
+    ) -> dict[str, Any]:
+        """The assistant message sampled as these ids (content, tool_calls, reasoning_content)."""
         ...
 
-    def extend(self, prev_prompt_ids: list[int], prev_completion_ids: list[int], new_messages: Messages, *, tools: Tools = None) -> list[int]:
-        """prev_prompt_ids + prev_completion_ids + what `new_messages` add + the generation prompt."""
+    def extend(
+        self,
+        prev_prompt_ids: list[int],
+        prev_completion_ids: list[int],
+        new_messages: Messages,
+        *,
+        tools: Tools = None,
+    ) -> list[int]:
+        """prev_prompt_ids + prev_completion_ids + what new_messages add + generation prompt."""
         ...
 
 
@@ -85,14 +94,21 @@ def _common_suffix_prefix(ids: list[int], close: list[int]) -> int:
 class TemplateRenderer:
     """The tokenizer's own chat template, for models `renderers` does not know."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop_token_ids: list[int] | None = None) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, stop_token_ids: list[int] | None = None
+    ) -> None:
         if not tokenizer.chat_template:
             raise RendererError(
-                f"tokenizer {tokenizer.name_or_path!r} has no chat template; name a `renderers` renderer instead"
+                f"tokenizer {tokenizer.name_or_path!r} has no chat template; "
+                "name a `renderers` renderer instead"
             )
         self._tok = tokenizer
         eos = tokenizer.eos_token_id
-        self._stop = list(stop_token_ids) if stop_token_ids is not None else ([eos] if eos is not None else [])
+        self._stop = (
+            list(stop_token_ids)
+            if stop_token_ids is not None
+            else ([eos] if eos is not None else [])
+        )
 
     @property
     def stop_token_ids(self) -> list[int]:
@@ -112,7 +128,9 @@ class TemplateRenderer:
     def render(self, messages: Messages, *, tools: Tools = None) -> list[int]:
         return self._ids(messages, tools, generation_prompt=True)
 
-    def parse(self, completion_ids: list[int], *, tools: Tools = None, prompt_ids: list[int] | None = None) -> dict[str, Any]:
+    def parse(
+        self, completion_ids: list[int], *, tools: Tools = None, prompt_ids: list[int] | None = None
+    ) -> dict[str, Any]:
         ids = list(completion_ids)
         while ids and ids[-1] in self._stop:
             ids.pop()
@@ -126,11 +144,18 @@ class TemplateRenderer:
                 return match.group(0)  # malformed calls stay visible as text
             if not isinstance(body, dict) or not isinstance(body.get("name"), str):
                 return match.group(0)
-            calls.append(_tool_call(body["name"], body.get("arguments", {}), _call_id(completion_ids, len(calls))))
+            calls.append(
+                _tool_call(
+                    body["name"], body.get("arguments", {}), _call_id(completion_ids, len(calls))
+                )
+            )
             return ""
 
         content = _TOOL_CALL.sub(take, text)
-        message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": content if content or not calls else None,
+        }
         if calls:
             message["tool_calls"] = calls
         return message
@@ -138,25 +163,45 @@ class TemplateRenderer:
     def _turn_close(self, tools: Tools) -> tuple[list[int], list[int]]:
         """(ids of a full probe conversation, ids the template puts after an assistant's text)."""
         asked = self._ids([_PROBE_USER], tools, generation_prompt=True)
-        full = self._ids([_PROBE_USER, {"role": "assistant", "content": _PROBE_ANSWER}], tools, generation_prompt=False)
+        full = self._ids(
+            [_PROBE_USER, {"role": "assistant", "content": _PROBE_ANSWER}],
+            tools,
+            generation_prompt=False,
+        )
         body = self._tok.encode(_PROBE_ANSWER, add_special_tokens=False)
-        tail = full[len(asked):]
-        if full[:len(asked)] != asked or tail[:len(body)] != body:
-            raise RendererError("the chat template does not render an assistant turn as generation prompt + text; cannot extend")
-        return full, tail[len(body):]
+        tail = full[len(asked) :]
+        if full[: len(asked)] != asked or tail[: len(body)] != body:
+            raise RendererError(
+                "the chat template does not render an assistant turn as generation prompt + "
+                "text; cannot extend"
+            )
+        return full, tail[len(body) :]
 
-    def extend(self, prev_prompt_ids: list[int], prev_completion_ids: list[int], new_messages: Messages, *, tools: Tools = None) -> list[int]:
+    def extend(
+        self,
+        prev_prompt_ids: list[int],
+        prev_completion_ids: list[int],
+        new_messages: Messages,
+        *,
+        tools: Tools = None,
+    ) -> list[int]:
         if not new_messages:
             raise RendererError("extend needs at least one new message")
         probe, close = self._turn_close(tools)
         ids = list(prev_prompt_ids) + list(prev_completion_ids)
         # A completion that stopped on EOS already holds the start of the turn close; one cut by
         # max_tokens or a stop string holds none of it.
-        ids += close[_common_suffix_prefix(ids, close):]
-        extended = self._ids([_PROBE_USER, {"role": "assistant", "content": _PROBE_ANSWER}, *new_messages], tools, generation_prompt=True)
-        if extended[:len(probe)] != probe:
-            raise RendererError("the chat template re-renders earlier turns when messages are added; cannot extend")
-        return ids + extended[len(probe):]
+        ids += close[_common_suffix_prefix(ids, close) :]
+        extended = self._ids(
+            [_PROBE_USER, {"role": "assistant", "content": _PROBE_ANSWER}, *new_messages],
+            tools,
+            generation_prompt=True,
+        )
+        if extended[: len(probe)] != probe:
+            raise RendererError(
+                "the chat template re-renders earlier turns when messages are added; cannot extend"
+            )
+        return ids + extended[len(probe) :]
 
 
 class PackageRenderer:
@@ -176,36 +221,55 @@ class PackageRenderer:
     def render(self, messages: Messages, *, tools: Tools = None) -> list[int]:
         return list(self._r.render_ids(messages, tools=tools, add_generation_prompt=True))
 
-    def parse(self, completion_ids: list[int], *, tools: Tools = None, prompt_ids: list[int] | None = None) -> dict[str, Any]:
+    def parse(
+        self, completion_ids: list[int], *, tools: Tools = None, prompt_ids: list[int] | None = None
+    ) -> dict[str, Any]:
         from renderers import ToolCallParseStatus
 
         parsed = self._r.parse_response(list(completion_ids), tools=tools, prompt_ids=prompt_ids)
         calls = [
-            _tool_call(c.name or "", c.arguments if c.arguments is not None else {}, c.id or _call_id(completion_ids, i))
+            _tool_call(
+                c.name or "",
+                c.arguments if c.arguments is not None else {},
+                c.id or _call_id(completion_ids, i),
+            )
             for i, c in enumerate(parsed.tool_calls)
             if c.status == ToolCallParseStatus.OK
         ]
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content if parsed.content or not calls else None}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": parsed.content if parsed.content or not calls else None,
+        }
         if parsed.reasoning_content:
             message["reasoning_content"] = parsed.reasoning_content
         if calls:
             message["tool_calls"] = calls
         return message
 
-    def extend(self, prev_prompt_ids: list[int], prev_completion_ids: list[int], new_messages: Messages, *, tools: Tools = None) -> list[int]:
-        bridged = self._r.bridge_to_next_turn(list(prev_prompt_ids), list(prev_completion_ids), new_messages, tools=tools)
+    def extend(
+        self,
+        prev_prompt_ids: list[int],
+        prev_completion_ids: list[int],
+        new_messages: Messages,
+        *,
+        tools: Tools = None,
+    ) -> list[int]:
+        bridged = self._r.bridge_to_next_turn(
+            list(prev_prompt_ids), list(prev_completion_ids), new_messages, tools=tools
+        )
         if bridged is None:
             # The package says the template would render history differently (e.g. Qwen3 drops
             # old reasoning at a new user turn, or new_messages holds an assistant turn).
             raise RendererError(
-                f"renderer {self.name!r} cannot extend these ids with {[m.get('role') for m in new_messages]} "
-                "without re-rendering sampled history; render the conversation afresh as a new prompt"
+                f"renderer {self.name!r} cannot extend these ids with roles "
+                f"{[m.get('role') for m in new_messages]} without re-rendering sampled history; "
+                "render the conversation afresh as a new prompt"
             )
         return list(bridged.token_ids)
 
 
 def make_renderer(tokenizer: PreTrainedTokenizerBase, name: str | None = None) -> Renderer:
-    """`name`: "template" (the tokenizer's chat template), a `renderers` name (e.g. "qwen3"), or None
+    """`name`: "template" (the tokenizer's chat template), a `renderers` name ("qwen3"...) or None
     (the `renderers` renderer when it knows the model by name, else the chat template)."""
     if name == "template":
         return TemplateRenderer(tokenizer)

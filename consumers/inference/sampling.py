@@ -57,12 +57,18 @@ class Sampled:
     top_logprobs: torch.Tensor | None  # [B, k]
 
 
-def _exponential_noise(shape: tuple[int, int], rows: RowSettings, shared: torch.Generator, device: torch.device) -> torch.Tensor:
-    noise = torch.empty(shape, dtype=torch.float32, device=device).exponential_(generator=shared)
+def _gumbel_noise(
+    shape: tuple[int, int], rows: RowSettings, shared: torch.Generator, device: torch.device
+) -> torch.Tensor:
+    """-log(-log(U)): argmax(logprobs + noise) draws from softmax(logprobs) (the Gumbel-max trick).
+
+    Built from uniforms because torch's CPU `exponential_` is several times slower than `rand`.
+    """
+    uniform = torch.rand(shape, dtype=torch.float32, device=device, generator=shared)
     for i, gen in enumerate(rows.generators):
         if gen is not None:
-            noise[i].exponential_(generator=gen)
-    return noise
+            uniform[i] = torch.rand(shape[1], dtype=torch.float32, device=device, generator=gen)
+    return uniform.log_().neg_().log_().neg_()
 
 
 def _top_p_mask(logprobs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -83,9 +89,8 @@ def sample(logits: torch.Tensor, rows: RowSettings, shared: torch.Generator) -> 
         candidates = logprobs
         if rows.any_top_p:
             candidates = logprobs.masked_fill(_top_p_mask(logprobs, rows.top_p), float("-inf"))
-        # Gumbel-max in its exponential form: argmax(p / E) with E ~ Exp(1) draws from p.
-        noise = _exponential_noise(tuple(logprobs.shape), rows, shared, logprobs.device)
-        drawn = (candidates - noise.log()).argmax(dim=-1)
+        noise = _gumbel_noise(tuple(logprobs.shape), rows, shared, logprobs.device)
+        drawn = (candidates + noise).argmax(dim=-1)
         tokens = torch.where(rows.greedy, logprobs.argmax(dim=-1), drawn)
     chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
     top_ids = top_lps = None

@@ -3,8 +3,8 @@
 Routes
   GET  /v1/models                 OpenAI model list
   POST /v1/chat/completions       OpenAI chat (stream or not, logprobs, tools, usage)
-  POST /v1/generate               {prompt_ids, sampling} -> completion ids, log-probs, finish, versions
-  POST /v1/score                  {prompt_ids, completion_ids} -> log-probs of the completion (prefill only)
+  POST /v1/generate               {prompt_ids, sampling} -> ids, log-probs, finish, versions
+  POST /v1/score                  {prompt_ids, completion_ids} -> completion log-probs (prefill)
   POST /v1/weights                {uri, version} -> load a checkpoint now (what the bus worker does)
   GET  /v1/stats, /metrics        engine figures (mean batch size, tokens, versions) as JSON
   GET  /health
@@ -16,6 +16,7 @@ mistakes get a 4xx with OpenAI's error JSON and the server keeps serving.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -35,8 +36,10 @@ from rlbus.consumers.inference.api import (
     GenerateResult,
     InferenceBackend,
     RequestError,
+    SamplingParams,
     ScoreRequest,
     WeightsRequest,
+    check_prompt,
 )
 from rlbus.consumers.inference.checkpoint import CheckpointError
 from rlbus.consumers.inference.openai_format import (
@@ -61,7 +64,12 @@ class UnknownModelError(RequestError):
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(msgspec.json.encode(body), status_code=status, media_type="application/json", headers=headers)
+    return Response(
+        msgspec.json.encode(body),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
 
 
 def _result_headers(results: list[GenerateResult]) -> dict[str, str]:
@@ -101,8 +109,14 @@ class _VersionHeader:
 class InferenceAPI:
     """The route handlers, bound to one backend, renderer and served model name."""
 
-    def __init__(self, backend: InferenceBackend, renderer: Renderer, token_text: Callable[[int], str],
-                 model_name: str, aliases: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        backend: InferenceBackend,
+        renderer: Renderer,
+        token_text: Callable[[int], str],
+        model_name: str,
+        aliases: tuple[str, ...] = (),
+    ) -> None:
         self.backend = backend
         self.renderer = renderer
         self.token_text = lru_cache(maxsize=1 << 16)(token_text)
@@ -112,7 +126,9 @@ class InferenceAPI:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.names:
-            raise UnknownModelError(f"model {model!r} does not exist; this server serves {self.model_name!r}")
+            raise UnknownModelError(
+                f"model {model!r} does not exist; this server serves {self.model_name!r}"
+            )
 
     async def models(self, request: Request) -> Response:
         return _json(model_list([self.model_name], self.created))
@@ -145,18 +161,29 @@ class InferenceAPI:
         self.check_model(req.model)
         tools = req.active_tools
         prompt_ids = self.renderer.render(req.messages, tools=tools)
+        # Checked here too, so that a stream is refused with a status code, not an error event.
+        check_prompt(prompt_ids, self.backend.vocab_size, self.backend.max_context)
         try:
             params = [sampling_params(req, self.renderer.stop_token_ids, i) for i in range(req.n)]
         except ValueError as exc:
             raise RequestError(str(exc)) from exc
         if req.stream:
-            return StreamingResponse(self._stream(req, prompt_ids, params[0]), media_type="text/event-stream")
+            return StreamingResponse(
+                self._stream(req, prompt_ids, params[0]), media_type="text/event-stream"
+            )
         results = await asyncio.gather(*(self.backend.generate(prompt_ids, p) for p in params))
-        messages = [cut_at_stop(self.renderer.parse(r.completion_ids, tools=tools, prompt_ids=prompt_ids), r) for r in results]
+        messages = [
+            cut_at_stop(
+                self.renderer.parse(r.completion_ids, tools=tools, prompt_ids=prompt_ids), r
+            )
+            for r in results
+        ]
         body = chat_response(req, self.model_name, prompt_ids, results, messages, self.token_text)
         return _json(body, headers=_result_headers(results))
 
-    async def _stream(self, req: ChatRequest, prompt_ids: list[int], params: Any) -> AsyncIterator[bytes]:
+    async def _stream(
+        self, req: ChatRequest, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[bytes]:
         writer = ChunkWriter(req, self.model_name, self.token_text)
         tools = req.active_tools
         # With tools the raw text may hold a tool call, so the parsed message comes at the end.
@@ -169,7 +196,10 @@ class InferenceAPI:
                     if chunk is not None:
                         yield _sse(chunk)
                     continue
-                message = cut_at_stop(self.renderer.parse(item.completion_ids, tools=tools, prompt_ids=prompt_ids), item)
+                message = cut_at_stop(
+                    self.renderer.parse(item.completion_ids, tools=tools, prompt_ids=prompt_ids),
+                    item,
+                )
                 yield _sse(writer.closing(item, message, final_message=not text_deltas))
                 if req.include_usage:
                     yield _sse(writer.usage(len(prompt_ids), item))
@@ -178,17 +208,27 @@ class InferenceAPI:
         yield b"data: [DONE]\n\n"
 
 
+_FIELD_PATH = re.compile(r"at `\$\.([^`]+)`")
+
+
 def _client_error(status: int) -> Callable[[Request, Exception], Any]:
     async def handle(request: Request, exc: Exception) -> Response:
         if isinstance(exc, RequestError):
             return _json(request_error_body(exc), status=status)
-        return _json(error_body(str(exc)), status=status)
+        # msgspec names the offending field as a JSON path at the end of its message.
+        field = _FIELD_PATH.search(str(exc))
+        return _json(error_body(str(exc), param=field.group(1) if field else None), status=status)
 
     return handle
 
 
-def create_app(backend: InferenceBackend, renderer: Renderer, token_text: Callable[[int], str],
-               model_name: str, aliases: tuple[str, ...] = ()) -> ASGIApp:
+def create_app(
+    backend: InferenceBackend,
+    renderer: Renderer,
+    token_text: Callable[[int], str],
+    model_name: str,
+    aliases: tuple[str, ...] = (),
+) -> ASGIApp:
     """The ASGI app; starting it starts the backend, shutting it down stops the backend."""
     api = InferenceAPI(backend, renderer, token_text, model_name, aliases)
 

@@ -15,13 +15,21 @@ from rlbus.consumers.inference.server import create_app
 BackendKind = Literal["hf", "vllm"]
 
 
-def build_backend(model_path: str | Path, backend: BackendKind = "hf", *, device: str = "cpu",
-                  policy_version: int = 0, seed: int = 0) -> InferenceBackend:
+def build_backend(
+    model_path: str | Path,
+    backend: BackendKind = "hf",
+    *,
+    device: str = "cpu",
+    policy_version: int = 0,
+    seed: int = 0,
+) -> InferenceBackend:
     if backend == "hf":
         from rlbus.consumers.inference.engine import Engine
 
         dtype = torch.float32 if device == "cpu" else torch.bfloat16
-        return Engine.from_pretrained(model_path, device=device, dtype=dtype, policy_version=policy_version, seed=seed)
+        return Engine.from_pretrained(
+            model_path, device=device, dtype=dtype, policy_version=policy_version, seed=seed
+        )
     if backend == "vllm":
         # Imported here so that the package never needs vLLM unless asked for.
         from rlbus.consumers.inference.vllm_backend import VLLMBackend
@@ -30,9 +38,14 @@ def build_backend(model_path: str | Path, backend: BackendKind = "hf", *, device
     raise ValueError(f"unknown backend {backend!r}; choose hf or vllm")
 
 
-def build_app(backend: InferenceBackend, model_path: str | Path, *, model_name: str | None = None,
-              renderer: str | None = None) -> ASGIApp:
-    """The HTTP app for `backend`, serving `model_path` under `model_name` (default: the directory name)."""
+def build_app(
+    backend: InferenceBackend,
+    model_path: str | Path,
+    *,
+    model_name: str | None = None,
+    renderer: str | None = None,
+) -> ASGIApp:
+    """The HTTP app for `backend`, serving `model_path` as `model_name` (default: its directory)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -71,7 +71,9 @@ def score_kwargs() -> dict[str, Any]:
     return {"n": 1, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0, "detokenize": False}
 
 
-def token_logprobs(token_ids: Sequence[int], logprobs: Sequence[dict[int, Any]] | None, top_k: int) -> tuple[list[float], list[list[TopLogprob]] | None]:
+def token_logprobs(
+    token_ids: Sequence[int], logprobs: Sequence[dict[int, Any]] | None, top_k: int
+) -> tuple[list[float], list[list[TopLogprob]] | None]:
     """Sampled-token log-probs (and the top-k lists) from a CompletionOutput's `logprobs`."""
     if logprobs is None:
         raise RequestError("vLLM returned no log-probs: the request must set logprobs >= 0")
@@ -80,7 +82,13 @@ def token_logprobs(token_ids: Sequence[int], logprobs: Sequence[dict[int, Any]] 
     for token_id, entry in zip(token_ids, logprobs, strict=True):
         values.append(float(entry[token_id].logprob))
         if tops is not None:
-            ranked = sorted(((lp.rank, tid, lp.logprob) for tid, lp in entry.items() if lp.rank is not None and lp.rank <= top_k))
+            ranked = sorted(
+                (
+                    (lp.rank, tid, lp.logprob)
+                    for tid, lp in entry.items()
+                    if lp.rank is not None and lp.rank <= top_k
+                )
+            )
             tops.append([TopLogprob(tid, float(lp)) for _, tid, lp in ranked])
     return values, tops
 
@@ -91,12 +99,19 @@ def finish_of(completion: Any, eos_ids: Iterable[int]) -> tuple[FinishReason, in
     if reason not in ("stop", "length", "abort"):
         raise RequestError(f"vLLM finished with unexpected reason {reason!r}")
     stop_reason = completion.stop_reason
-    if reason == "stop" and stop_reason is None and completion.token_ids and completion.token_ids[-1] in set(eos_ids):
+    if (
+        reason == "stop"
+        and stop_reason is None
+        and completion.token_ids
+        and completion.token_ids[-1] in set(eos_ids)
+    ):
         stop_reason = completion.token_ids[-1]
     return reason, stop_reason
 
 
-def result_of(output: Any, versions: tuple[int, int], eos_ids: Iterable[int], top_k: int, *, text: bool) -> GenerateResult:
+def result_of(
+    output: Any, versions: tuple[int, int], eos_ids: Iterable[int], top_k: int, *, text: bool
+) -> GenerateResult:
     """Our result from a finished vLLM RequestOutput; `versions` = (first, last) version seen."""
     completion = output.outputs[0]
     token_ids = list(completion.token_ids)
@@ -122,13 +137,19 @@ def delta_of(output: Any, sent_tokens: int, sent_chars: int, top_k: int) -> Delt
     token_ids = list(completion.token_ids[sent_tokens:])
     entries = completion.logprobs[sent_tokens:] if completion.logprobs is not None else None
     logprobs, tops = token_logprobs(token_ids, entries, top_k)
-    return Delta(token_ids=token_ids, logprobs=logprobs, text=completion.text[sent_chars:], top_logprobs=tops)
+    return Delta(
+        token_ids=token_ids, logprobs=logprobs, text=completion.text[sent_chars:], top_logprobs=tops
+    )
 
 
-def score_of(prompt_logprobs: Sequence[dict[int, Any] | None], all_ids: Sequence[int], prompt_len: int) -> list[float]:
+def score_of(
+    prompt_logprobs: Sequence[dict[int, Any] | None], all_ids: Sequence[int], prompt_len: int
+) -> list[float]:
     """Log-probs of all_ids[prompt_len:] from RequestOutput.prompt_logprobs (position 0 is None)."""
     if len(prompt_logprobs) != len(all_ids):
-        raise RequestError(f"vLLM returned {len(prompt_logprobs)} prompt log-probs for {len(all_ids)} ids")
+        raise RequestError(
+            f"vLLM returned {len(prompt_logprobs)} prompt log-probs for {len(all_ids)} ids"
+        )
     out = []
     for position in range(prompt_len, len(all_ids)):
         entry = prompt_logprobs[position]
@@ -169,7 +190,9 @@ class VLLMBackend:
     output arrives: vLLM's scheduler does not report its per-step batch to a client.
     """
 
-    def __init__(self, model_path: str, *, policy_version: int = 0, seed: int = 0, **engine_kwargs: Any) -> None:
+    def __init__(
+        self, model_path: str, *, policy_version: int = 0, seed: int = 0, **engine_kwargs: Any
+    ) -> None:
         self._path = model_path
         self._seed = seed
         self._engine_kwargs = engine_kwargs
@@ -205,8 +228,13 @@ class VLLMBackend:
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(model=self._path, seed=self._seed, logprobs_mode="processed_logprobs",
-                               max_logprobs=20, **self._engine_kwargs)
+        args = AsyncEngineArgs(
+            model=self._path,
+            seed=self._seed,
+            logprobs_mode="processed_logprobs",
+            max_logprobs=20,
+            **self._engine_kwargs,
+        )
         self._engine = AsyncLLM.from_engine_args(args)
         config = self._engine.model_config
         self._max_context = int(config.max_model_len)
@@ -227,10 +255,14 @@ class VLLMBackend:
         room = self._max_context - len(prompt_ids)
         return VLLMSamplingParams(**sampling_kwargs(params, min(params.max_tokens or room, room)))
 
-    async def _outputs(self, prompt_ids: list[int], vllm_params: Any) -> AsyncIterator[tuple[Any, int]]:
+    async def _outputs(
+        self, prompt_ids: list[int], vllm_params: Any
+    ) -> AsyncIterator[tuple[Any, int]]:
         self._in_flight += 1
         try:
-            async for output in self._engine.generate({"prompt_token_ids": prompt_ids}, vllm_params, uuid.uuid4().hex):
+            async for output in self._engine.generate(
+                {"prompt_token_ids": prompt_ids}, vllm_params, uuid.uuid4().hex
+            ):
                 self._samples += 1
                 self._in_flight_sum += self._in_flight
                 yield output, self._version
@@ -242,7 +274,9 @@ class VLLMBackend:
         self._prompt_tokens += result.prompt_tokens
         self._finished += 1
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams | None = None, *, text: bool = False) -> GenerateResult:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams | None = None, *, text: bool = False
+    ) -> GenerateResult:
         params = params or SamplingParams()
         first = last = None
         final = None
@@ -255,7 +289,9 @@ class VLLMBackend:
         self._count(result)
         return result
 
-    async def stream(self, prompt_ids: list[int], params: SamplingParams | None = None) -> AsyncIterator[Delta | GenerateResult]:
+    async def stream(
+        self, prompt_ids: list[int], params: SamplingParams | None = None
+    ) -> AsyncIterator[Delta | GenerateResult]:
         params = params or SamplingParams()
         first = None
         sent_tokens = sent_chars = 0
@@ -267,34 +303,46 @@ class VLLMBackend:
             if delta.token_ids or delta.text:
                 yield delta
             if output.finished:
-                result = result_of(output, (first, version), self._eos, params.top_logprobs, text=True)
+                result = result_of(
+                    output, (first, version), self._eos, params.top_logprobs, text=True
+                )
                 self._count(result)
                 yield result
 
-    async def score(self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> ScoreResult:
+    async def score(
+        self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0
+    ) -> ScoreResult:
         from vllm import SamplingParams as VLLMSamplingParams
 
         if temperature != 1.0:
-            # vLLM's prompt log-probs are untempered; scaling them here would not be what vLLM computes.
+            # vLLM's prompt log-probs are untempered, and rescaling them is not what vLLM computes.
             raise RequestError("the vLLM backend scores at temperature 1.0 only")
         check_prompt(prompt_ids, self._vocab_size, self._max_context)
         check_vocab(completion_ids, self._vocab_size, "completion_ids")
         ids = list(prompt_ids) + list(completion_ids)
         if len(ids) >= self._max_context:
-            raise ContextLengthError(f"prompt + completion is {len(ids)} tokens; this model's context is {self._max_context}")
+            raise ContextLengthError(
+                f"prompt + completion is {len(ids)} tokens; "
+                f"this model's context is {self._max_context}"
+            )
         final = None
         version = self._version
-        async for output, version in self._outputs(ids, VLLMSamplingParams(**score_kwargs())):
-            final = output
+        async for output, seen in self._outputs(ids, VLLMSamplingParams(**score_kwargs())):
+            final, version = output, seen
         if final is None or final.prompt_logprobs is None:
             raise RequestError("vLLM returned no prompt log-probs")
         self._scored += 1
-        return ScoreResult(logprobs=score_of(final.prompt_logprobs, ids, len(prompt_ids)), policy_version=version)
+        return ScoreResult(
+            logprobs=score_of(final.prompt_logprobs, ids, len(prompt_ids)), policy_version=version
+        )
 
     async def load_weights(self, uri: str, version: int) -> float:
         async with self._lock:
             if version <= self._version:
-                raise RequestError(f"weights version {version} is not newer than the served version {self._version}")
+                raise RequestError(
+                    f"weights version {version} is not newer than the served "
+                    f"version {self._version}"
+                )
             loop = asyncio.get_running_loop()
             started = loop.time()
             weights_dir = await asyncio.to_thread(stage_checkpoint, uri)

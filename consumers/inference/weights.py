@@ -20,7 +20,9 @@ log = logging.getLogger(__name__)
 def newest(events: Iterable[object], run_id: str | None = None) -> WeightVersion | None:
     """The highest WeightVersion among a polled batch (of `run_id`, if given): loading the
     intermediate ones would only delay the newest."""
-    versions = [e for e in events if isinstance(e, WeightVersion) and (run_id is None or e.run_id == run_id)]
+    versions = [
+        e for e in events if isinstance(e, WeightVersion) and (run_id is None or e.run_id == run_id)
+    ]
     return max(versions, key=lambda e: e.version, default=None)
 
 
@@ -44,7 +46,10 @@ class WeightFollower:
     async def on_weight_version(self, event: WeightVersion) -> WeightLoaded | None:
         """Serve `event`'s weights from the next step; None when it is older than what is served."""
         if event.format != "safetensors":
-            raise CheckpointError(f"weights version {event.version} at {event.uri} is {event.format!r}; only safetensors is read")
+            raise CheckpointError(
+                f"weights version {event.version} at {event.uri} is {event.format!r}; "
+                "only safetensors is read"
+            )
         served = self.backend.policy_version
         if event.version < served:
             log.info("skipping weights version %d: already serving %d", event.version, served)
@@ -52,5 +57,7 @@ class WeightFollower:
         if event.version == served:
             return self._loaded(event, 0.0)
         load_s = await self.backend.load_weights(event.uri, event.version)
-        log.info("serving weights version %d from %s (loaded in %.2fs)", event.version, event.uri, load_s)
+        log.info(
+            "serving weights version %d from %s (loaded in %.2fs)", event.version, event.uri, load_s
+        )
         return self._loaded(event, load_s)

@@ -25,7 +25,9 @@ def default_worker_id(port: int) -> str:
     return f"{socket.gethostname()}-{port}"
 
 
-async def follow_weights(bus: Bus, follower: WeightFollower, run_id: str, stop: asyncio.Event) -> None:
+async def follow_weights(
+    bus: Bus, follower: WeightFollower, run_id: str, stop: asyncio.Event
+) -> None:
     """Load each newest WeightVersion of `run_id` and publish WeightLoaded (after the load)."""
 
     async def on_batch(deliveries: list[Delivery]) -> None:
@@ -39,8 +41,15 @@ async def follow_weights(bus: Bus, follower: WeightFollower, run_id: str, stop: 
     await bus.consume(f"inference-{follower.worker_id}", ["weights"], on_batch=on_batch, stop=stop)
 
 
-async def run_worker(settings: Settings, backend: InferenceBackend, app: ASGIApp, host: str, port: int,
-                     stop: asyncio.Event, worker_id: str | None = None) -> None:
+async def run_worker(
+    settings: Settings,
+    backend: InferenceBackend,
+    app: ASGIApp,
+    host: str,
+    port: int,
+    stop: asyncio.Event,
+    worker_id: str | None = None,
+) -> None:
     """Serve `app` on host:port and follow weights until `stop` is set."""
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     serving = asyncio.create_task(server.serve())

@@ -24,12 +24,10 @@ GROUP = "sink"
 
 def dedup_token(table: str, deliveries: list[Delivery]) -> str:
     """`table|topic:partition:first-last|...`: the same replayed block gets the same token."""
-    ranges: dict[tuple[str, int], list[int]] = {}
+    offsets: dict[tuple[str, int], list[int]] = defaultdict(list)
     for d in deliveries:
-        lo_hi = ranges.setdefault((d.topic, d.partition), [d.offset, d.offset])
-        lo_hi[0] = min(lo_hi[0], d.offset)
-        lo_hi[1] = max(lo_hi[1], d.offset)
-    parts = [f"{t}:{p}:{lo}-{hi}" for (t, p), (lo, hi) in sorted(ranges.items())]
+        offsets[(d.topic, d.partition)].append(d.offset)
+    parts = [f"{t}:{p}:{min(o)}-{max(o)}" for (t, p), o in sorted(offsets.items())]
     return "|".join([table, *parts])
 
 

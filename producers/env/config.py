@@ -75,7 +75,8 @@ class HarnessConfig(Section):
     max_turns: int = Field(10, ge=1)
     """Most model calls per rollout (tools harness and user simulators)."""
     command: list[str] = []
-    """command harness: argv; {python} is this interpreter, {workdir} the rollout's directory."""
+    """command harness: argv; {python} is this interpreter, {workdir} the rollout's directory, {env_dir}
+    the environment's directory."""
     env: dict[str, str] = {}
     """command harness: extra environment variables for the program."""
     mcp_servers: list[McpServerConfig] = []

@@ -38,6 +38,8 @@ class Environment:
     rules: Rules
     spec: str
     """What it was loaded from, resolved so another process can load it the same way."""
+    root: Path
+    """The directory of its TOML or Python file (the working directory for module references)."""
 
     def tasks(self, run_id: str = "") -> TaskStream:
         """The task set's rows as TaskPublished events of this environment (lazy)."""
@@ -132,4 +134,6 @@ def load_environment(spec: str, overrides: dict[str, Any] | None = None) -> Envi
         raise ConfigError(format_validation_error(exc, f"environment {spec}")) from exc
     taskset = cls(**config.args)
     env_id = config.id or cls.env_id()
-    return Environment(env_id, taskset, config, discover(taskset), str(file.resolve()) if file else ref)
+    source = file.resolve() if file else Path(ref.partition(":")[0]) if ref.partition(":")[0].endswith(".py") else None
+    return Environment(env_id, taskset, config, discover(taskset), str(source) if file else ref,
+                       source.parent if source else Path.cwd())

@@ -145,31 +145,41 @@ class _App:
         return 404, {"error": {"message": f"no route {method} {path}"}}
 
 
-class ScriptedServer:
-    """Serve a ScriptedModel on 127.0.0.1 from a background thread (its own event loop), so a
-    test's synchronous code and its asyncio code can both talk to it."""
+class ThreadedServer:
+    """Serve an ASGI app on 127.0.0.1 from a background thread (its own event loop), so a test's
+    synchronous code and its asyncio code can both talk to it."""
 
-    def __init__(self, scripted: ScriptedModel | None = None, port: int | None = None):
-        self.model = scripted or ScriptedModel()
-        self.port = port or free_port()
+    def __init__(self, app: Any, lifespan: str = "off", start_timeout_s: float = 60):
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._server = uvicorn.Server(uvicorn.Config(_App(self.model), host="127.0.0.1", port=self.port,
-                                                     log_level="warning", lifespan="off", access_log=False))
-        self._thread = threading.Thread(target=self._server.run, daemon=True, name="scripted-model")
+        self._start_timeout_s = start_timeout_s
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                     lifespan=lifespan, access_log=False))
+        self._thread = threading.Thread(target=self._server.run, daemon=True, name="threaded-server")
 
-    def __enter__(self) -> ScriptedServer:
+    def __enter__(self) -> ThreadedServer:
         self._thread.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + self._start_timeout_s
         while not self._server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError(f"scripted model server did not start on {self.url}")
+                raise RuntimeError(f"server did not start on {self.url}")
             time.sleep(0.01)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
         with contextlib.suppress(RuntimeError):
-            self._thread.join(5)
+            self._thread.join(10)
+
+
+class ScriptedServer(ThreadedServer):
+    def __init__(self, scripted: ScriptedModel | None = None):
+        self.model = scripted or ScriptedModel()
+        super().__init__(_App(self.model))
+
+    def __enter__(self) -> ScriptedServer:
+        super().__enter__()
+        return self
 
 
 def _load(spec: str) -> Any:

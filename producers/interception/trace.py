@@ -113,8 +113,9 @@ class Trace:
             delta = result.prompt_ids[len(plan.prior.prompt_ids) + len(plan.prior.completion_ids):]
         else:
             shared = path[-1].path_ids() if path else []
-            if result.prompt_ids[:len(shared)] != shared or (result.prompt_ids and not rest):
-                # Rendered afresh and the shared nodes' ids are not its prefix: a path of its own.
+            if result.prompt_ids[:len(shared)] != shared or (len(result.prompt_ids) > len(shared) and not rest):
+                # Rendered afresh, and the shared nodes' ids are not its prefix (or leave ids no
+                # new node could carry): the prompt gets a path of its own.
                 path, rest, shared = [], [*[n.message for n in path], *rest], []
             delta = result.prompt_ids[len(shared):]
         parent = path[-1] if path else None
@@ -127,12 +128,15 @@ class Trace:
         self.tips[plan.branch] = call.node
         return call
 
-    def branch_messages(self, branch: str = MAIN) -> list[Message]:
-        """The messages from the root to the branch's tip."""
+    def completion(self, branch: str = MAIN) -> list[Message]:
+        """What the branch added after its first call's prompt: sampled turns and the context between."""
         tip = self.tips.get(branch)
         chain: list[Message] = []
+        first_sampled = next((n for n in self.nodes if n.branch == branch and n.call is not None), None)
         while tip is not None:
             chain.append(tip.message)
+            if tip is first_sampled:
+                break
             tip = tip.parent
         return chain[::-1]
 

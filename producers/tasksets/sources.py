@@ -1,5 +1,6 @@
-"""Rows from where tasks live: JSONL, Parquet, a Hugging Face dataset saved to disk, or a
-Python task set (`file.py:NAME` or `package.module:NAME`, an iterable or a function
+"""Rows from where tasks live: JSONL, Parquet, a Hugging Face dataset saved to disk, a
+reasoning-gym generator (`reasoning-gym:NAME?size=100&seed=0`, procedural, nothing downloaded),
+or a Python task set (`file.py:NAME` or `package.module:NAME`, an iterable or a function
 returning one). Each row becomes a TaskPublished."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 from rlbus.schemas import TaskPublished, derived_id
 
@@ -74,8 +76,37 @@ def _python(spec: str) -> Iterator[dict[str, Any] | TaskPublished]:
     yield from obj() if callable(obj) else obj
 
 
+REASONING_GYM = "reasoning-gym:"
+
+
+def reasoning_gym(name: str, size: int = 1000, seed: int = 0, **config: Any) -> Iterator[dict[str, Any]]:
+    """Rows of a reasoning-gym data set: question, answer and the generator's metadata (which its
+    `score_answer` needs) under info["metadata"]. Task ids follow from (name, seed, index)."""
+    try:
+        import reasoning_gym as rg
+    except ImportError as exc:
+        raise TaskSourceError(f"reasoning-gym:{name} needs the reasoning-gym package (pip install rlbus[data])") from exc
+    try:
+        data = rg.create_dataset(name, size=size, seed=seed, **config)
+    except Exception as exc:  # noqa: BLE001 - unknown names and bad options come back as many types
+        raise TaskSourceError(f"reasoning-gym:{name}: {exc}") from exc
+    for index, entry in enumerate(data):
+        yield {"task_id": derived_id("reasoning-gym", name, seed, index), "prompt": entry["question"],
+               "answer": str(entry["answer"]), "info": {"dataset": name, "metadata": entry["metadata"]}}
+
+
+def _reasoning_gym_spec(source: str) -> Iterator[dict[str, Any]]:
+    name, _, query = source[len(REASONING_GYM):].partition("?")
+    options: dict[str, Any] = {}
+    for key, value in parse_qsl(query):
+        options[key] = int(value) if value.lstrip("-").isdigit() else value
+    return reasoning_gym(name, **options)
+
+
 def read_rows(source: str) -> Iterator[dict[str, Any] | TaskPublished]:
     """Rows of a task source, chosen by what `source` names."""
+    if source.startswith(REASONING_GYM):
+        return _reasoning_gym_spec(source)
     path = Path(source)
     if source.endswith((".jsonl", ".json")):
         return _jsonl(path)
@@ -87,7 +118,7 @@ def read_rows(source: str) -> Iterator[dict[str, Any] | TaskPublished]:
         return _python(source)
     raise TaskSourceError(
         f"cannot tell what {source!r} is: give a .jsonl/.parquet file, a Hugging Face dataset "
-        "directory (save_to_disk), FILE.py:NAME or package.module:NAME")
+        "directory (save_to_disk), reasoning-gym:NAME, FILE.py:NAME or package.module:NAME")
 
 
 def to_task(row: dict[str, Any] | TaskPublished, env: str | None = None, run_id: str = "") -> TaskPublished:

@@ -17,7 +17,7 @@ def sink(ctx: typer.Context, config: ConfigOption = None) -> None:
     """Consume every topic into ClickHouse; serve read-only SQL to other processes meanwhile."""
     settings = require_bootstrap(settings_from(ctx, config))
     setup_telemetry(settings.telemetry, "sink")
-    with open_store(settings.store.url) as store:
+    with open_store(settings.store.url, dedup_window=settings.store.dedup_window) as store:
         if settings.store.serve_http and store.data_dir is not None:
             endpoint = store.serve(settings.store.http_host)
             console.print(f"read-only SQL endpoint: {endpoint.url}")

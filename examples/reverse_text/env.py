@@ -1,0 +1,46 @@
+"""Reverse a short word. Full credit for the exact reversal, partial credit by longest common
+subsequence, and (as a group reward) a bonus for the most concise correct answer of a group."""
+
+from __future__ import annotations
+
+from rlbus.producers.env import TaskSet, group_reward, metric, reward
+from rlbus.producers.tasksets.samples import reverse_text
+
+
+def lcs_ratio(a: str, b: str) -> float:
+    """2 * |LCS(a, b)| / (|a| + |b|): 1.0 for equal strings, 0.0 with nothing in common."""
+    if not a and not b:
+        return 1.0
+    row = [0] * (len(b) + 1)
+    for ch in a:
+        diagonal = 0
+        for j, other in enumerate(b, 1):
+            diagonal, row[j] = row[j], diagonal + 1 if ch == other else max(row[j], row[j - 1])
+    return 2 * row[-1] / (len(a) + len(b))
+
+
+class ReverseText(TaskSet):
+    name = "reverse_text"
+    system_prompt = "Reverse the text you are given. Answer with the reversed text only."
+
+    def rows(self):
+        return reverse_text(self.args.get("n", 10_000), seed=self.args.get("seed", 0), env=self.name)
+
+    @reward(weight=1.0)
+    def exact(self, text: str, answer: str) -> float:
+        return float(text.strip() == answer)
+
+    @reward(weight=0.5)
+    def partial(self, text: str, answer: str) -> float:
+        return lcs_ratio(text.strip(), answer)
+
+    @group_reward(weight=0.25)
+    def concise(self, texts: list[str], rewards: list[dict[str, float]]) -> list[float]:
+        """1 for the shortest exactly-correct answer(s) of the group, 0 for the rest."""
+        correct = [len(t) for t, r in zip(texts, rewards) if r.get("exact") == 1.0]
+        shortest = min(correct, default=None)
+        return [float(r.get("exact") == 1.0 and len(t) == shortest) for t, r in zip(texts, rewards)]
+
+    @metric
+    def answer_chars(self, text: str) -> float:
+        return float(len(text))

@@ -1,0 +1,78 @@
+"""What an evaluation run amounts to, read back from the store: mean reward per reward
+function, pass@k over groups, token usage and errors by kind. Read from ClickHouse rather
+than from memory so a resumed run reports on all of its rollouts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import comb
+
+from rlbus.bus.store import Store
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of a task with n samples of which c passed (Chen et al., 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+@dataclass
+class Report:
+    run_id: str
+    rollouts: int = 0
+    tasks: int = 0
+    mean_reward: float = 0.0
+    rewards: dict[str, float] = field(default_factory=dict)
+    """Mean of each reward function over rollouts scored without error."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    pass_at: dict[int, float] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+def eval_report(store: Store, run_id: str, env_id: str, pass_threshold: float = 1.0) -> Report:
+    where = {"run": run_id, "env": env_id}
+    report = Report(run_id)
+    scope = "run_id = {run:String} AND env = {env:String}"
+    row = store.query(f"SELECT count(), uniqExact(task_id), avg(reward) FROM scored FINAL WHERE {scope}", where).rows[0]
+    report.rollouts, report.tasks, report.mean_reward = int(row[0]), int(row[1]), float(row[2] or 0.0)
+    for column, target in (("rewards", report.rewards), ("metrics", report.metrics)):
+        rows = store.query(
+            f"SELECT k, avg(v) FROM scored FINAL ARRAY JOIN mapKeys({column}) AS k, mapValues({column}) AS v "
+            f"WHERE {scope} AND status = 'ok' GROUP BY k ORDER BY k", where).rows
+        target.update({str(k): float(v) for k, v in rows})
+    groups = store.query(
+        f"SELECT count(), countIf(reward >= {{threshold:Float64}} AND status = 'ok') FROM scored FINAL "
+        f"WHERE {scope} GROUP BY task_id", {**where, "threshold": pass_threshold}).rows
+    if groups:
+        smallest = min(int(n) for n, _ in groups)
+        ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= smallest]
+        report.pass_at = {k: sum(pass_at_k(int(n), int(c), k) for n, c in groups) / len(groups) for k in ks}
+    tokens = store.query(f"SELECT sum(prompt_tokens), sum(completion_tokens) FROM rollouts FINAL WHERE {scope}",
+                         where).rows[0]
+    report.prompt_tokens, report.completion_tokens = int(tokens[0] or 0), int(tokens[1] or 0)
+    errors = store.query(
+        f"SELECT if(r.status = 'error', r.error_kind, 'reward') AS kind, count() FROM scored AS s FINAL "
+        f"INNER JOIN (SELECT rollout_id, status, error_kind FROM rollouts FINAL WHERE {scope}) AS r "
+        f"ON s.rollout_id = r.rollout_id WHERE s.run_id = {{run:String}} AND s.env = {{env:String}} "
+        f"AND s.status = 'error' GROUP BY kind ORDER BY kind", where).rows
+    report.errors = {str(kind) or "unknown": int(n) for kind, n in errors}
+    return report
+
+
+def scored_tasks(store: Store, run_id: str, env_id: str) -> set[str]:
+    """Tasks of a run whose every rollout is scored (errored ones included): what --resume skips."""
+    rows = store.query(
+        "SELECT task_id FROM scored FINAL WHERE run_id = {run:String} AND env = {env:String} "
+        "GROUP BY task_id HAVING count() >= max(group_size)", {"run": run_id, "env": env_id}).rows
+    return {str(r[0]) for r in rows}
+
+
+def latest_run(store: Store, env_id: str, model: str) -> str | None:
+    """The most recent run of `env_id` against `model`, for --resume without --run-id."""
+    rows = store.query(
+        "SELECT run_id FROM rollouts WHERE env = {env:String} AND model = {model:String} "
+        "ORDER BY ts DESC LIMIT 1", {"env": env_id, "model": model}).rows
+    return str(rows[0][0]) if rows else None

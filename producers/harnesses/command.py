@@ -1,0 +1,44 @@
+"""`command`: any program, run in the rollout's sandbox with OPENAI_BASE_URL / ANTHROPIC_BASE_URL
+(and API keys) pointing at the rollout's own interception URL. The program needs no rlbus code.
+It finds the task in $RLBUS_TASK_FILE (JSON: task_id, prompt, messages, info) and the prompt's
+last user text on stdin; its stdout is kept in state["stdout"]. In `command`, {python} is this
+interpreter, {workdir} the rollout's directory and {env_dir} the environment's own directory."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rlbus.producers.env.config import HarnessConfig
+from rlbus.producers.harnesses.base import HarnessError, Rollout
+from rlbus.producers.interception.messages import text_of
+from rlbus.schemas import Messages
+
+TASK_FILE = "task.json"
+
+
+class CommandHarness:
+    def __init__(self, config: HarnessConfig):
+        if not config.command:
+            raise ValueError("the command harness needs harness.command (an argv list)")
+        self.config = config
+
+    async def run(self, rollout: Rollout) -> Messages:
+        sandbox, session, task = rollout.sandbox, rollout.session, rollout.task
+        task_file = sandbox.workdir / TASK_FILE
+        task_file.write_text(json.dumps({"task_id": task.task_id, "prompt": task.prompt,
+                                         "messages": rollout.prompt, "info": task.info}))
+        argv = [arg.format(python=sys.executable, workdir=sandbox.workdir, env_dir=rollout.env.root)
+                for arg in self.config.command]
+        env = {
+            "OPENAI_BASE_URL": session.base_url, "OPENAI_API_KEY": "rlbus",
+            "ANTHROPIC_BASE_URL": session.anthropic_base_url, "ANTHROPIC_API_KEY": "rlbus",
+            "RLBUS_MODEL": session.server.backend.model, "RLBUS_TASK_FILE": str(task_file),
+            **self.config.env,
+        }
+        user = next((m for m in reversed(rollout.prompt) if m.get("role") == "user"), {})
+        result = await sandbox.run(argv, env, stdin=text_of(user.get("content")).encode())
+        rollout.state.update(stdout=result.stdout, exit_code=result.returncode)
+        if result.error_kind:
+            raise HarnessError(result.error_kind, result.error)
+        return session.trace.completion()

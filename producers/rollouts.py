@@ -1,0 +1,91 @@
+"""Running a task's group of rollouts: each gets an interception session, a sandbox and the
+harness; whatever happens, it ends as a RolloutCompleted (status "error" with the reason when
+the harness crashed, timed out or its program broke a limit) plus its trace events.
+
+Ids derive from the task event, so a redelivered task republishes the same ids and the store
+keeps one copy."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from dataclasses import dataclass
+
+from rlbus.producers.env.loader import Environment
+from rlbus.producers.harnesses import Harness, HarnessError, Rollout, make_harness
+from rlbus.producers.interception.calls import UpstreamError
+from rlbus.producers.interception.server import InterceptionServer
+from rlbus.producers.runtimes import Runtime, make_runtime
+from rlbus.schemas import Event, RolloutCompleted, TaskPublished, TokenRecord, TraceNode, derived_id
+
+
+@dataclass
+class RolloutOutput:
+    rollout: RolloutCompleted
+    nodes: list[TraceNode]
+    tokens: list[TokenRecord]
+
+    def events(self) -> list[Event]:
+        """Trace first, rollout last: a consumer that sees the rollout can find its trace."""
+        return [*self.nodes, *self.tokens, self.rollout]
+
+
+def group_id_of(task: TaskPublished) -> str:
+    return derived_id("group", task.event_id)
+
+
+def _failure(exc: BaseException, timeout_s: float) -> tuple[str, str]:
+    if isinstance(exc, HarnessError):
+        return exc.kind, str(exc)
+    if isinstance(exc, TimeoutError):
+        return "timeout", f"rollout exceeded harness.timeout_s = {timeout_s:g}s"
+    if isinstance(exc, UpstreamError):
+        return "model", str(exc)
+    tail = "".join(traceback.format_exception(exc, limit=-3)).strip()
+    return "harness", f"{type(exc).__name__}: {exc}\n{tail}"
+
+
+class RolloutRunner:
+    def __init__(self, env: Environment, server: InterceptionServer, runtime: Runtime | None = None,
+                 harness: Harness | None = None):
+        self.env = env
+        self.server = server
+        self.runtime = runtime or make_runtime(env.config.runtime)
+        self.harness = harness or make_harness(env)
+        self.slots = asyncio.Semaphore(env.config.max_concurrent_rollouts)
+
+    async def run(self, task: TaskPublished, group_id: str, sample_index: int, group_size: int) -> RolloutOutput:
+        env = self.env
+        rollout_id = derived_id(group_id, "rollout", sample_index)
+        prompt = env.taskset.messages(task)
+        status, kind, error, completion = "ok", "", "", []
+        state: dict = {}
+        timeout_s = env.config.harness.timeout_s
+        async with self.slots:
+            started = time.monotonic()
+            with self.server.session(rollout_id) as session:
+                try:
+                    async with self.runtime.sandbox(rollout_id) as sandbox:
+                        rollout = Rollout(task, prompt, session, sandbox, env, state)
+                        completion = await asyncio.wait_for(self.harness.run(rollout), timeout_s)
+                except Exception as exc:  # noqa: BLE001 - every failure becomes an errored rollout
+                    status, (kind, error) = "error", _failure(exc, timeout_s)
+                    completion = session.trace.completion()
+                nodes, tokens = session.trace.events(group_id)
+                usage = session.trace.usage()
+        rollout_event = RolloutCompleted(
+            event_id=derived_id(rollout_id, "completed"), run_id=task.run_id, rollout_id=rollout_id,
+            group_id=group_id, task_id=task.task_id, env=env.id, sample_index=sample_index, group_size=group_size,
+            prompt=prompt, completion=completion, answer=task.answer,
+            info={**task.info, "state": state} if state else task.info, status=status, error=error,
+            error_kind=kind, model=self.server.backend.model, harness=env.config.harness.kind,
+            duration_s=time.monotonic() - started, **usage)
+        for event in (*nodes, *tokens):
+            event.run_id = task.run_id
+        return RolloutOutput(rollout_event, nodes, tokens)
+
+    async def run_group(self, task: TaskPublished) -> list[RolloutOutput]:
+        size = task.group_size or self.env.config.group_size
+        group_id = group_id_of(task)
+        return list(await asyncio.gather(*(self.run(task, group_id, i, size) for i in range(size))))
