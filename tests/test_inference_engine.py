@@ -180,14 +180,14 @@ async def test_weight_reload_changes_outputs_and_keeps_in_flight_requests(
     new_state = perturbed_checkpoint(engine.model, tmp_path / "v1.safetensors")
 
     # A long request streams while the weights change under it.
-    long_params = SamplingParams(max_tokens=160, ignore_eos=True)
+    long_params = SamplingParams(max_tokens=300, ignore_eos=True)
     stream = engine.stream(prompt, long_params)
     first = await anext(stream)
     load_s = await engine.load_weights(f"file://{tmp_path / 'v1.safetensors'}", version=1)
     rest = [item async for item in stream]
     spanning = rest[-1]
     assert isinstance(spanning, GenerateResult)
-    assert len(spanning.completion_ids) == 160 and spanning.finish_reason == "length"
+    assert len(spanning.completion_ids) == 300 and spanning.finish_reason == "length"
     assert (spanning.min_policy_version, spanning.max_policy_version) == (0, 1)
     assert spanning.policy_version == 0
     assert first.token_ids == spanning.completion_ids[:1]
@@ -211,7 +211,7 @@ async def test_weight_reload_changes_outputs_and_keeps_in_flight_requests(
     on_old = (got - old_ref).abs() < 1e-4
     on_new = (got - new_ref).abs() < 1e-4
     switch = int(on_new.int().argmax())
-    assert 0 < switch < 160
+    assert 0 < switch < 300
     assert on_old[:switch].all() and on_new[switch:].all()
 
 

@@ -347,7 +347,7 @@ async def test_weight_reload_over_http_keeps_a_streaming_request(
     stream = await oa.chat.completions.create(
         model="tiny",
         messages=[{"role": "user", "content": "go"}],
-        max_tokens=200,
+        max_tokens=400,
         stream=True,
         extra_body={"ignore_eos": True},
     )

@@ -207,8 +207,9 @@ async def test_train_mode_three_turns_extend_recorded_ids(tmp_path: Path) -> Non
     assert len(calls) == 3
     for (prev_prompt, prev_completion), (prompt, _) in zip(calls, calls[1:]):
         assert prompt[:len(prev_prompt) + len(prev_completion)] == prev_prompt + prev_completion
-    assert tokenizer.decode(calls[2][0][len(calls[1][0]) + len(calls[1][1]):]) == \
-        "\n<|im_start|>user\nHigher.<|im_end|>\n<|im_start|>assistant\n" or "Lower" in tokenizer.decode(calls[2][0])
+    feedback = "Higher." if 11 < int(task.answer) else "Lower."
+    added = tokenizer.decode(calls[2][0][len(calls[1][0]) + len(calls[1][1]):])
+    assert added == f"\n<|im_start|>user\n{feedback}<|im_end|>\n<|im_start|>assistant\n"
     # The trace alone reproduces every prompt: the ids along the path to a call's parent node.
     by_id = {n.node_id: n for n in out.nodes}
     for record in out.tokens:
@@ -222,8 +223,6 @@ async def test_train_mode_three_turns_extend_recorded_ids(tmp_path: Path) -> Non
     full = calls[2][0] + calls[2][1]
     assert list(tokens(sample.input_ids)) == full
     sampled_positions = [i for i, m in enumerate(mask(sample.loss_mask)) if m]
-    expected = [i for p, c in calls for i in range(p.index(c[0], len(p) - 0) if False else 0)] or None
     assert len(sampled_positions) == sum(len(c) for _, c in calls)
     assert [full[i] for i in sampled_positions] == [t for _, c in calls for t in c]
     assert list(logprobs(sample.inference_logprobs)[sampled_positions]) == [-0.25] * len(sampled_positions)
-    assert expected is None

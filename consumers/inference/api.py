@@ -40,7 +40,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Ids that end the completion (kept as its last id), besides the model's EOS."""
     ignore_eos: bool = False
     seed: int | None = None
-    """Same seed, prompt and weights: same tokens, whatever else shares the batch."""
+    """Same seed: the same random draws, whatever else shares the batch."""
     top_logprobs: int = 0
     """Also return this many most likely tokens (and their log-probs) at each position, up to 20."""
 

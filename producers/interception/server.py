@@ -70,7 +70,7 @@ class RolloutSession:
             except BaseException:
                 self.trace.abandon(plan)
                 raise
-            recorded = self.trace.commit(plan, result)
+            recorded = self.trace.commit(plan, call.messages, result)
             if span is not None:
                 span.set_attributes({
                     "gen_ai.response.model": result.model, "gen_ai.response.finish_reasons": [result.finish_reason],

@@ -6,8 +6,9 @@ only then may the backend extend recorded ids instead of rendering afresh. Anyth
 sub-agent with its own system prompt, parallel calls from one point, rewritten history) starts
 a new branch. A node's `token_ids` are what its branch's context gained with it: the sampled
 ids for a model message, the rendered delta for context (messages added by one call share one
-delta, carried by the last of them). Concatenating `token_ids` from a root to any node gives
-exactly the ids the backend saw.
+delta, carried by the last of them). Nodes are shared between branches only where their ids
+agree, so concatenating `token_ids` from a root to any node gives exactly the ids the backend
+saw.
 """
 
 from __future__ import annotations
@@ -33,18 +34,8 @@ class Node:
     token_ids: list[int] = field(default_factory=list)
     call: Call | None = None
     """Set on sampled nodes: the call that produced the message."""
-    children: dict[str, Node] = field(default_factory=dict)
-
-    def path_ids(self) -> list[int]:
-        ids: list[int] = []
-        node: Node | None = self
-        chain = []
-        while node is not None:
-            chain.append(node)
-            node = node.parent
-        for n in reversed(chain):
-            ids.extend(n.token_ids)
-        return ids
+    children: dict[str, list[Node]] = field(default_factory=dict)
+    """By canonical key; one key has several nodes when renderings of the same message differ."""
 
 
 @dataclass(eq=False)
@@ -57,67 +48,88 @@ class Call:
 
 @dataclass
 class Plan:
-    """Where a call's prompt sits in the tree, decided before the backend runs."""
+    """The branch a call extends (or starts), decided before the backend runs."""
 
-    path: list[Node]
-    rest: list[Message]
     branch: str
     prior: Prior | None
-    released_tip: Node | None
+    claimed_tip: Node | None
 
 
 class Trace:
     def __init__(self, rollout_id: str):
         self.rollout_id = rollout_id
-        self.roots: dict[str, Node] = {}
+        self.roots: dict[str, list[Node]] = {}
         self.nodes: list[Node] = []
         self.calls: list[Call] = []
         self.tips: dict[str, Node | None] = {}
         """Each branch's last sampled node; None while a call extending it is in flight."""
 
+    def _claimable_tip(self, messages: list[Message]) -> tuple[Node, int] | None:
+        """A branch tip the messages run through (followed by at least one new message)."""
+
+        def walk(level: dict[str, list[Node]], depth: int) -> tuple[Node, int] | None:
+            if depth >= len(messages) - 1:
+                return None
+            for node in level.get(canonical(messages[depth]), ()):
+                if node.call is not None and self.tips.get(node.branch) is node:
+                    return node, depth + 1
+                if found := walk(node.children, depth + 1):
+                    return found
+            return None
+
+        return walk(self.roots, 0)
+
     def plan(self, messages: list[Message]) -> Plan:
-        path: list[Node] = []
-        level = self.roots
-        for message in messages:
-            node = level.get(canonical(message))
-            if node is None:
-                break
-            path.append(node)
-            level = node.children
-        rest = messages[len(path):]
-        last = path[-1] if path else None
-        if last is not None and last.call is not None and self.tips.get(last.branch) is last and rest:
-            self.tips[last.branch] = None  # claimed: a concurrent call from here starts its own branch
-            result = last.call.result
-            return Plan(path, rest, last.branch, Prior(result.prompt_ids, result.completion_ids, rest), last)
+        found = self._claimable_tip(messages)
+        if found is not None:
+            tip, depth = found
+            self.tips[tip.branch] = None  # claimed: a concurrent call from here starts its own branch
+            assert tip.call is not None
+            result = tip.call.result
+            return Plan(tip.branch, Prior(result.prompt_ids, result.completion_ids, messages[depth:]), tip)
         branch = MAIN if not self.tips else f"b{len(self.tips)}"
         self.tips[branch] = None
-        return Plan(path, rest, branch, None, None)
+        return Plan(branch, None, None)
 
     def abandon(self, plan: Plan) -> None:
         """A call that failed leaves the branch as it was."""
-        if plan.released_tip is not None:
-            self.tips[plan.branch] = plan.released_tip
+        if plan.claimed_tip is not None:
+            self.tips[plan.branch] = plan.claimed_tip
         elif self.tips.get(plan.branch) is None:
             del self.tips[plan.branch]
 
+    def _shared_path(self, messages: list[Message], ids: list[int]) -> tuple[list[Node], int]:
+        """The deepest existing path holding a prefix of `messages` whose ids are a prefix of `ids`,
+        and how many ids it covers."""
+        best: tuple[list[Node], int] = ([], 0)
+
+        def walk(level: dict[str, list[Node]], path: list[Node], used: int) -> None:
+            nonlocal best
+            if len(path) > len(best[0]):
+                best = (list(path), used)
+            if len(path) == len(messages):
+                return
+            for node in level.get(canonical(messages[len(path)]), ()):
+                if ids[used:used + len(node.token_ids)] == node.token_ids:
+                    walk(node.children, [*path, node], used + len(node.token_ids))
+
+        walk(self.roots, [], 0)
+        path, used = best
+        # Ids past the shared path need a new node to carry them: give up shared nodes until one is left.
+        while path and len(path) == len(messages) and used < len(ids):
+            used -= len(path.pop().token_ids)
+        return path, used
+
     def _add(self, parent: Node | None, message: Message, branch: str, token_ids: list[int]) -> Node:
         node = Node(len(self.nodes), parent, branch, message, canonical(message), token_ids)
-        (parent.children if parent else self.roots)[node.key] = node
+        (parent.children if parent else self.roots).setdefault(node.key, []).append(node)
         self.nodes.append(node)
         return node
 
-    def commit(self, plan: Plan, result: CallResult) -> Call:
-        path, rest = plan.path, plan.rest
-        if plan.prior is not None:
-            delta = result.prompt_ids[len(plan.prior.prompt_ids) + len(plan.prior.completion_ids):]
-        else:
-            shared = path[-1].path_ids() if path else []
-            if result.prompt_ids[:len(shared)] != shared or (len(result.prompt_ids) > len(shared) and not rest):
-                # Rendered afresh, and the shared nodes' ids are not its prefix (or leave ids no
-                # new node could carry): the prompt gets a path of its own.
-                path, rest, shared = [], [*[n.message for n in path], *rest], []
-            delta = result.prompt_ids[len(shared):]
+    def commit(self, plan: Plan, messages: list[Message], result: CallResult) -> Call:
+        path, used = self._shared_path(messages, result.prompt_ids)
+        rest = messages[len(path):]
+        delta = result.prompt_ids[used:]
         parent = path[-1] if path else None
         for i, message in enumerate(rest):
             parent = self._add(parent, message, plan.branch, delta if i == len(rest) - 1 else [])
