@@ -11,6 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlbus.bus import Bus
+from rlbus.bus.telemetry import setup_telemetry
 from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, console, err_console, settings_from
 from rlbus.config import Settings
 from rlbus.producers.tasksets import TaskSourceError, load_tasks
@@ -48,6 +49,7 @@ def publish(
 ) -> None:
     """Publish tasks to the `tasks` topic, with a progress bar."""
     settings = require_bootstrap(settings_from(ctx, config))
+    setup_telemetry(settings.telemetry, "tasks")
     run = run_id or settings.run_id
     try:
         tasks = list(islice(load_tasks(source, env=env, run_id=run), limit))
