@@ -7,7 +7,11 @@ chat prompts. The engine serves 1, 16 and 64 concurrent requests; the baseline c
 of the two alternate, and each figure is the best of the trials, so load from other
 processes on a shared machine hurts both sides alike rather than whichever ran at the time.
 
-    python bench/inference.py [--tokens 64] [--trials 5]
+One intra-op thread by default: on a shared 2-core machine two threads made both sides 4-15x
+slower and erratic whenever another process was busy (torch's thread pool waits for a
+descheduled worker), while for a model this small one thread is as fast as two on an idle box.
+
+    python bench/inference.py [--tokens 64] [--trials 5] [--threads 1]
 
 Last line: RESULT c64_vs_generate=<engine tok/s / generate tok/s at 64>
                   c1_latency_vs_generate=<engine latency / generate latency at 1>
@@ -149,7 +153,8 @@ async def measure(engine: Engine, tokens: int, trials: int) -> dict[int, tuple[F
     return best
 
 
-async def main(tokens: int, trials: int) -> None:
+async def main(tokens: int, trials: int, threads: int) -> None:
+    torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
         params = init_model(tmp, arch="llama", size="tiny", seed=0)
         async with Engine.from_pretrained(tmp) as engine:
@@ -160,36 +165,31 @@ async def main(tokens: int, trials: int) -> None:
             )
             best = await measure(engine, tokens, trials)
             mean_batch = engine.stats().mean_batch_size
-    table = Table(title="engine vs bare model.generate")
+    table = Table(title="engine vs bare model.generate (same prompts, same run)")
     for column in (
-        "concurrency",
+        "clients",
         "engine tok/s",
         "generate tok/s",
-        "throughput ratio",
-        "engine latency",
-        "generate latency",
-        "latency ratio",
+        "ratio",
+        "latency (engine/generate)",
     ):
         table.add_column(column, justify="right")
     for c, (eng, gen) in best.items():
-        latency = (
-            (
-                f"{eng.seconds * 1000:.0f} ms",
-                f"{gen.seconds * 1000:.0f} ms",
-                f"{eng.seconds / gen.seconds:.2f}",
-            )
-            if c == 1
-            else ("", "", "")
-        )
+        latency = ""
+        if c == 1:
+            ratio = eng.seconds / gen.seconds
+            latency = f"{eng.seconds * 1000:.0f} / {gen.seconds * 1000:.0f} ms = {ratio:.2f}"
         table.add_row(
             str(c),
             f"{eng.tokens_per_s:,.0f}",
             f"{gen.tokens_per_s:,.0f}",
             f"{eng.tokens_per_s / gen.tokens_per_s:.2f}",
-            *latency,
+            latency,
         )
     console.print(table)
-    console.print(f"engine mean batch size over the run: {mean_batch:.1f}")
+    console.print(
+        f"engine mean batch size over all engine runs (1, 16 and 64 clients): {mean_batch:.1f}"
+    )
     c64 = best[64][0].tokens_per_s / best[64][1].tokens_per_s
     c1 = best[1][0].seconds / best[1][1].seconds
     print(f"RESULT c64_vs_generate={c64:.3f} c1_latency_vs_generate={c1:.3f}")
@@ -201,5 +201,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--trials", type=int, default=5, help="alternating trials per figure (best kept)"
     )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads, for both sides"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.tokens, args.trials))
+    asyncio.run(main(args.tokens, args.trials, args.threads))

@@ -72,10 +72,19 @@ def serve(
     renderer: str | None = None,
     policy_version: int = 0,
     worker_id: str | None = None,
+    threads: int | None = None,
 ) -> None:
     """Serve the model over HTTP until interrupted; with `settings` (a reachable broker), also
-    load every WeightVersion of `settings.run_id` and publish WeightLoaded."""
+    load every WeightVersion of `settings.run_id` and publish WeightLoaded.
+
+    `threads` sets torch's intra-op threads: 1 suits tiny models on a shared small machine,
+    where a second thread mostly waits for a core another process holds.
+    """
+    import torch
     import uvicorn
+
+    if threads:
+        torch.set_num_threads(threads)
 
     engine = build_backend(model_path, backend, device=device, policy_version=policy_version)
     app = build_app(engine, model_path, model_name=model_name, renderer=renderer)

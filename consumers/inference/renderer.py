@@ -94,21 +94,14 @@ def _common_suffix_prefix(ids: list[int], close: list[int]) -> int:
 class TemplateRenderer:
     """The tokenizer's own chat template, for models `renderers` does not know."""
 
-    def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, stop_token_ids: list[int] | None = None
-    ) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         if not tokenizer.chat_template:
             raise RendererError(
                 f"tokenizer {tokenizer.name_or_path!r} has no chat template; "
                 "name a `renderers` renderer instead"
             )
         self._tok = tokenizer
-        eos = tokenizer.eos_token_id
-        self._stop = (
-            list(stop_token_ids)
-            if stop_token_ids is not None
-            else ([eos] if eos is not None else [])
-        )
+        self._stop = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
 
     @property
     def stop_token_ids(self) -> list[int]:
