@@ -48,11 +48,8 @@ class TaskPublished(Event, kw_only=True):
     split: str = "train"
 
 
-class RolloutCompleted(Event, kw_only=True):
-    """One finished (or errored) attempt at a task by one harness."""
-
-    table = "rollouts"
-    order_by = ("rollout_id", "event_id")
+class RolloutEvent(Event, kw_only=True):
+    """Fields that place an event in its rollout, group and task."""
 
     rollout_id: str
     group_id: str
@@ -60,6 +57,14 @@ class RolloutCompleted(Event, kw_only=True):
     env: str
     sample_index: int = 0
     group_size: int = 1
+
+
+class RolloutCompleted(RolloutEvent, kw_only=True):
+    """One finished (or errored) attempt at a task by one harness."""
+
+    table = "rollouts"
+    order_by = ("rollout_id", "event_id")
+
     prompt: Messages | str = ""
     completion: Messages = []
     answer: str = ""
@@ -116,18 +121,12 @@ class TokenRecord(Event, kw_only=True):
     finish_reason: str = ""
 
 
-class RolloutScored(Event, kw_only=True):
+class RolloutScored(RolloutEvent, kw_only=True):
     """A rollout's rewards and metrics, from a judge."""
 
     table = "scored"
     order_by = ("rollout_id", "event_id")
 
-    rollout_id: str
-    group_id: str
-    task_id: str
-    env: str
-    sample_index: int = 0
-    group_size: int = 1
     reward: float = 0.0
     """The weighted sum of `rewards`."""
     rewards: dict[str, float] = {}
