@@ -5,14 +5,13 @@ nothing waits on consumer-group joins; the events are the same a producer and a 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rlbus.bus import Bus
 from rlbus.consumers.judge.scoring import Scorer
 from rlbus.producers.rollouts import RolloutRunner
-from rlbus.schemas import Event, RolloutCompleted, RolloutScored, TaskPublished
+from rlbus.schemas import Event, RolloutScored, TaskPublished
 
 
 @dataclass
@@ -22,20 +21,15 @@ class Tally:
     rollouts: int = 0
     errors: int = 0
     reward_sum: float = 0.0
-    errors_by_kind: Counter[str] = field(default_factory=Counter)
 
     @property
     def mean_reward(self) -> float:
         return self.reward_sum / self.rollouts if self.rollouts else 0.0
 
-    def add(self, rollouts: list[RolloutCompleted], scored: list[RolloutScored]) -> None:
+    def add(self, scored: list[RolloutScored]) -> None:
         self.rollouts += len(scored)
         self.reward_sum += sum(s.reward for s in scored)
-        by_id = {r.rollout_id: r for r in rollouts}
-        for s in scored:
-            if s.status != "ok":
-                self.errors += 1
-                self.errors_by_kind[by_id[s.rollout_id].error_kind or "reward"] += 1
+        self.errors += sum(s.status != "ok" for s in scored)
 
 
 class Evaluation:
@@ -52,7 +46,7 @@ class Evaluation:
         scored = await self.scorer.score(rollouts)
         events: list[Event] = [task, *(e for o in outputs for e in o.events()), *scored]
         await self.bus.publish_many(events)
-        self.tally.add(rollouts, scored)
+        self.tally.add(scored)
         if self.on_group is not None:
             self.on_group(self.tally)
 

@@ -68,7 +68,8 @@ class RolloutRunner:
                 try:
                     async with self.runtime.sandbox(rollout_id) as sandbox:
                         rollout = Rollout(task, prompt, session, sandbox, env, state)
-                        completion = await asyncio.wait_for(self.harness.run(rollout), timeout_s)
+                        async with asyncio.timeout(timeout_s):
+                            completion = await self.harness.run(rollout)
                 except Exception as exc:  # noqa: BLE001 - every failure becomes an errored rollout
                     status, (kind, error) = "error", _failure(exc, timeout_s)
                     completion = session.trace.completion()

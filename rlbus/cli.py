@@ -1,10 +1,21 @@
-"""The `rlbus` command: assembled from rlbus.commands.*, one module per area."""
+"""The `rlbus` command: assembled from rlbus.commands.*, one module per area, each with
+`register(app, worker_app)`."""
 
 from __future__ import annotations
 
 import typer
 
-from rlbus.commands import broker, config_cmd, quickstart, store_cmds, tasks, workers
+from rlbus.commands import (
+    broker,
+    config_cmd,
+    env_workers,
+    inference,
+    quickstart,
+    run,
+    store_cmds,
+    tasks,
+    workers,
+)
 
 app = typer.Typer(
     name="rlbus",
@@ -16,6 +27,5 @@ worker_app = typer.Typer(help="Run one role as a long-lived process (a Kafka con
                          no_args_is_help=True)
 app.add_typer(worker_app, name="worker")
 
-for module in (quickstart, tasks, store_cmds, broker, config_cmd):
-    module.register(app)
-workers.register(worker_app)
+for module in (quickstart, run, env_workers, tasks, store_cmds, inference, broker, config_cmd, workers):
+    module.register(app, worker_app)

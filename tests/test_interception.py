@@ -4,6 +4,7 @@ config, OpenTelemetry spans, and train-mode prompts extended from recorded ids."
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,7 +23,6 @@ from rlbus.producers.env import ModelConfig, SamplingConfig, load_environment
 from rlbus.producers.interception import EvalBackend, InterceptionServer, TokenBackend, trace_samples
 from rlbus.producers.interception.scripted import ScriptedModel, ScriptedServer
 from rlbus.producers.rollouts import RolloutRunner
-from rlbus.schemas import TaskPublished
 from rlbus.schemas.packed import logprobs, mask, tokens
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -107,7 +107,7 @@ async def test_openai_responses_plain_and_streaming(server: InterceptionServer) 
         second = await client.responses.create(model="m", instructions="be brief", input=follow_up, tools=tools)
         assert second.output_text == "sum=3" and second.usage.output_tokens > 0
         events = [e async for e in await client.responses.create(model="m", input="hello", stream=True)]
-        assert [e.type for e in events][0] == "response.created" and events[-1].type == "response.completed"
+        assert events[0].type == "response.created" and events[-1].type == "response.completed"
         assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "seen 1 messages"
         async with client.responses.stream(model="m", input="hello") as stream:
             final = await stream.get_final_response()
@@ -205,7 +205,7 @@ async def test_train_mode_three_turns_extend_recorded_ids(tmp_path: Path) -> Non
     assert (out.rollout.num_turns, out.rollout.max_policy_version) == (3, 3)
     calls = [(list(tokens(r.prompt_ids)), list(tokens(r.completion_ids))) for r in out.tokens]
     assert len(calls) == 3
-    for (prev_prompt, prev_completion), (prompt, _) in zip(calls, calls[1:]):
+    for (prev_prompt, prev_completion), (prompt, _) in itertools.pairwise(calls):
         assert prompt[:len(prev_prompt) + len(prev_completion)] == prev_prompt + prev_completion
     feedback = "Higher." if 11 < int(task.answer) else "Lower."
     added = tokenizer.decode(calls[2][0][len(calls[1][0]) + len(calls[1][1]):])

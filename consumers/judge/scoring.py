@@ -12,7 +12,11 @@ from typing import Any
 from rlbus.producers.env.loader import Environment
 from rlbus.producers.env.rules import Rule
 from rlbus.producers.interception.messages import text_of
-from rlbus.schemas import RolloutCompleted, RolloutScored, TaskPublished, derived_id
+from rlbus.schemas import Event, RolloutCompleted, RolloutScored, TaskPublished, derived_id
+from rlbus.schemas.events import RolloutEvent
+
+IDENTITY = tuple(f for f in RolloutEvent.__struct_fields__ if f not in Event.__struct_fields__)
+"""The fields placing an event in its rollout, group and task: a score carries its rollout's."""
 
 
 class RuleFailed(Exception):
@@ -57,7 +61,8 @@ class Scorer:
 
     async def _apply(self, rule: Rule, args: dict[str, Any]) -> Any:
         try:
-            return await asyncio.wait_for(rule(args), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                return await rule(args)
         except TimeoutError as exc:
             raise RuleFailed(f"{rule.kind} {rule.name!r} timed out after {self.timeout_s:g}s") from exc
         except Exception as exc:  # noqa: BLE001 - a user's rule failing is reported, not fatal
@@ -109,8 +114,7 @@ class Scorer:
     def _event(self, card: _Card) -> RolloutScored:
         r = card.rollout
         return RolloutScored(
-            event_id=derived_id(r.rollout_id, "scored"), run_id=r.run_id, rollout_id=r.rollout_id,
-            group_id=r.group_id, task_id=r.task_id, env=r.env, sample_index=r.sample_index, group_size=r.group_size,
+            event_id=derived_id(r.rollout_id, "scored"), run_id=r.run_id, **{f: getattr(r, f) for f in IDENTITY},
             reward=0.0 if card.error else sum(self.weights.get(k, 1.0) * v for k, v in card.rewards.items()),
             rewards=card.rewards, metrics=card.metrics, status="error" if card.error else "ok", error=card.error,
             policy_version=r.max_policy_version, completion_tokens=r.completion_tokens)

@@ -46,9 +46,9 @@ class Judge:
         ready = []
         for delivery in deliveries:
             event = delivery.event
-            if isinstance(event, RolloutCompleted) and event.env in self.scorers:
-                if (group := self._ready(event)) is not None:
-                    ready.append(group)
+            if (isinstance(event, RolloutCompleted) and event.env in self.scorers
+                    and (group := self._ready(event)) is not None):
+                ready.append(group)
         results = await asyncio.gather(*(self.scorers[group[0].env].score(group) for group in ready))
         events = [e for scored in results for e in scored]
         if events:

@@ -27,7 +27,7 @@ class ChatHarness:
                 added = [result.message]
                 if result.message.get("tool_calls") and toolbox.schemas:
                     added += [await toolbox.run(call, rollout) for call in result.message["tool_calls"]]
-                elif result.finish_reason == "length" or self.user is None:
+                elif self.user is None:
                     completion += added
                     break
                 else:

@@ -1,5 +1,6 @@
 """Tools for the tools harness: a task set's @tool methods (schemas from their signatures) and
-the tools of MCP servers (stdio), all called through one interface."""
+the tools of MCP servers (stdio), all called through one interface. Each rollout starts its own
+MCP servers, so no server state leaks from one rollout into another."""
 
 from __future__ import annotations
 
@@ -64,14 +65,14 @@ async def mcp_tools(config: McpServerConfig) -> AsyncIterator[list[tuple[dict[st
             async def call(arguments: dict[str, Any], rollout: Rollout) -> str:
                 result = await session.call_tool(name, arguments)
                 text = "".join(getattr(block, "text", "") for block in result.content)
-                if result.isError:
+                if result.is_error:
                     raise RuntimeError(text or f"MCP tool {name} failed")
                 return text
 
             return call
 
         yield [({"type": "function", "function": {"name": t.name, "description": t.description or "",
-                                                   "parameters": t.inputSchema}}, caller(t.name))
+                                                   "parameters": t.input_schema}}, caller(t.name))
                for t in listed.tools]
 
 

@@ -29,9 +29,9 @@ ChatScript = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], Reply
 TokenScript = Callable[[list[int]], list[int]]
 
 
-def reverse_last_word(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Reply:
-    """Answers reverse-text tasks correctly: the last word of the last user message, reversed."""
-    user = next((m for m in reversed(messages) if m.get("role") == "user"), {"content": ""})
+def reverse_task_word(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Reply:
+    """Answers reverse-text tasks correctly: the last word of the first user message, reversed."""
+    user = next((m for m in messages if m.get("role") == "user"), {"content": ""})
     words = text_of(user.get("content")).split()
     return {"content": words[-1][::-1] if words else ""}
 
@@ -43,7 +43,7 @@ def echo_tokens(prompt_ids: list[int]) -> list[int]:
 
 @dataclass
 class ScriptedModel:
-    chat: ChatScript = reverse_last_word
+    chat: ChatScript = reverse_task_word
     tokens: TokenScript = echo_tokens
     model: str = "scripted"
     policy_version: int = 0
@@ -168,6 +168,7 @@ class ThreadedServer:
 
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
+        self._server.force_exit = True  # requests still in flight (a slow script) are not waited for
         with contextlib.suppress(RuntimeError):
             self._thread.join(10)
 
@@ -190,7 +191,7 @@ def _load(spec: str) -> Any:
 def main() -> None:
     parser = argparse.ArgumentParser(description="Serve a scripted OpenAI-compatible model on 127.0.0.1.")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--chat", default=f"{__name__}:reverse_last_word", help="module:function replying to chats")
+    parser.add_argument("--chat", default=f"{__name__}:reverse_task_word", help="module:function replying to chats")
     args = parser.parse_args()
     scripted = ScriptedModel(chat=_load(args.chat), record=False)
     uvicorn.run(_App(scripted), host="127.0.0.1", port=args.port, log_level="warning",

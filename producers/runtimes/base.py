@@ -127,11 +127,30 @@ async def run_process(argv: list[str], *, env: dict[str, str], cwd: Path, config
                       f"{argv[0]} {message}" if kind else "")
 
 
+class Workdir:
+    """A rollout's working directory, made on first use: chat harnesses never need one, and
+    making and removing a directory per rollout costs more than a fast model call."""
+
+    def __init__(self, rollout_id: str, keep: bool):
+        self._prefix = f"rlbus-{rollout_id[:8]}-"
+        self._keep = keep
+        self._path: Path | None = None
+
+    @property
+    def path(self) -> Path:
+        if self._path is None:
+            self._path = Path(tempfile.mkdtemp(prefix=self._prefix))
+        return self._path
+
+    def remove(self) -> None:
+        if self._path is not None and not self._keep:
+            shutil.rmtree(self._path, ignore_errors=True)
+
+
 @contextlib.asynccontextmanager
-async def workdir(rollout_id: str, keep: bool) -> AsyncIterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix=f"rlbus-{rollout_id[:8]}-"))
+async def workdir(rollout_id: str, keep: bool) -> AsyncIterator[Workdir]:
+    directory = Workdir(rollout_id, keep)
     try:
-        yield path
+        yield directory
     finally:
-        if not keep:
-            shutil.rmtree(path, ignore_errors=True)
+        directory.remove()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlbus.producers.env.config import RuntimeConfig
-from rlbus.producers.runtimes.base import ExecResult, run_process, workdir
+from rlbus.producers.runtimes.base import ExecResult, Workdir, run_process, workdir
 
 
 def docker_problem() -> str | None:
@@ -23,7 +23,7 @@ def docker_problem() -> str | None:
         return "no docker CLI on PATH"
     try:
         done = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
-                              text=True, timeout=10)
+                              text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"`docker info` failed: {exc}"
     if done.returncode != 0:
@@ -33,8 +33,12 @@ def docker_problem() -> str | None:
 
 @dataclass
 class DockerSandbox:
-    workdir: Path
+    directory: Workdir
     config: RuntimeConfig
+
+    @property
+    def workdir(self) -> Path:
+        return self.directory.path
 
     async def run(self, argv: list[str], env: dict[str, str], stdin: bytes | None = None) -> ExecResult:
         name = f"rlbus-{uuid.uuid4().hex[:12]}"
@@ -63,5 +67,5 @@ class DockerRuntime:
 
     @contextlib.asynccontextmanager
     async def sandbox(self, rollout_id: str) -> AsyncIterator[DockerSandbox]:
-        async with workdir(rollout_id, self.config.keep_workdir) as path:
-            yield DockerSandbox(path, self.config)
+        async with workdir(rollout_id, self.config.keep_workdir) as directory:
+            yield DockerSandbox(directory, self.config)

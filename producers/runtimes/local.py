@@ -10,14 +10,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlbus.producers.env.config import RuntimeConfig
-from rlbus.producers.runtimes.base import ExecResult, run_process, workdir
+from rlbus.producers.runtimes.base import ExecResult, Workdir, run_process, workdir
 
 
 @dataclass
 class ProcessSandbox:
-    workdir: Path
+    directory: Workdir
     config: RuntimeConfig
     scrubbed: bool
+
+    @property
+    def workdir(self) -> Path:
+        return self.directory.path
 
     def environment(self, env: dict[str, str]) -> dict[str, str]:
         if not self.scrubbed:
@@ -40,8 +44,8 @@ class LocalRuntime:
 
     @contextlib.asynccontextmanager
     async def sandbox(self, rollout_id: str) -> AsyncIterator[ProcessSandbox]:
-        async with workdir(rollout_id, self.config.keep_workdir) as path:
-            yield ProcessSandbox(path, self.config, self.scrubbed)
+        async with workdir(rollout_id, self.config.keep_workdir) as directory:
+            yield ProcessSandbox(directory, self.config, self.scrubbed)
 
 
 class SubprocessRuntime(LocalRuntime):

@@ -83,7 +83,7 @@ def topics(ctx: typer.Context, config: ConfigOption = None) -> None:
         console.print(table)
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer, worker_app: typer.Typer) -> None:
     app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)(broker)
     app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)(topics)
 

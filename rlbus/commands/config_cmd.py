@@ -37,5 +37,5 @@ def config(ctx: typer.Context, config: ConfigOption = None) -> None:
     console.print(table)
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer, worker_app: typer.Typer) -> None:
     app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)(config)

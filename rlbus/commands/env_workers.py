@@ -9,13 +9,11 @@ import typer
 
 from rlbus.bus.telemetry import setup_telemetry
 from rlbus.commands import eval as eval_cmd
+from rlbus.commands.eval import EnvArgument, env_overrides
 from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, console, err_console, run_until_signal, settings_from
 from rlbus.config import ConfigError
 from rlbus.producers.env import Environment, load_environment
 from rlbus.runtime import require_bootstrap
-
-EnvArgument = Annotated[str, typer.Argument(metavar="ENV", help="env.toml, a directory holding one, an installed "
-                                                                 "environment id, module:Class or FILE.py[:Class].")]
 
 
 def _load(spec: str, overrides: dict) -> Environment:
@@ -40,9 +38,7 @@ def env(
 
     settings = require_bootstrap(settings_from(ctx, config))
     setup_telemetry(settings.telemetry, "env")
-    model_cfg = {k: v for k, v in {"name": model, "base_url": base_url, "mode": mode, "tokenizer": tokenizer}.items()
-                 if v is not None}
-    environment = _load(env_spec, {"model": model_cfg})
+    environment = _load(env_spec, env_overrides(model, base_url, mode=mode, tokenizer=tokenizer))
     console.print(f"env producer {environment.id}: {environment.config.harness.kind} harness, "
                   f"{environment.config.runtime.kind} runtime, {environment.config.model.mode} mode "
                   f"-> {environment.config.model.base_url}")

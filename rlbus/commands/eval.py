@@ -43,10 +43,14 @@ class EvalResult:
     """Wall time from the first rollout to the last score landing in the store."""
 
 
-def env_overrides(model: str, base_url: str | None, group_size: int | None, concurrency: int | None,
-                  harness: str | None, runtime: str | None, mode: str | None = None,
-                  tokenizer: str | None = None) -> dict[str, Any]:
-    """EnvConfig overrides from the eval command line (unset options leave the TOML's values)."""
+EnvArgument = Annotated[str, typer.Argument(metavar="ENV", help="env.toml, a directory holding one, an installed "
+                                                                 "environment id, module:Class or FILE.py[:Class].")]
+
+
+def env_overrides(model: str | None, base_url: str | None, group_size: int | None = None,
+                  concurrency: int | None = None, harness: str | None = None, runtime: str | None = None,
+                  mode: str | None = None, tokenizer: str | None = None) -> dict[str, Any]:
+    """EnvConfig overrides from a command line (unset options leave the TOML's values)."""
     model_cfg = {k: v for k, v in {"name": model, "base_url": base_url, "mode": mode, "tokenizer": tokenizer}.items()
                  if v is not None}
     out: dict[str, Any] = {"model": model_cfg}
@@ -168,8 +172,7 @@ def render(result: EvalResult, env: Environment) -> None:
 
 def eval_command(
     ctx: typer.Context,
-    env_spec: Annotated[str, typer.Argument(metavar="ENV", help="env.toml, a directory holding one, an installed "
-                                                                 "environment id, module:Class or FILE.py[:Class].")],
+    env_spec: EnvArgument,
     model: Annotated[str, typer.Option("--model", "-m", help="Model name sent to the endpoint.")],
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible /v1 URL (unset: the environment's).")] = None,
     n: Annotated[int, typer.Option("-n", help="Tasks to evaluate (the first N of the task set).")] = 32,

@@ -74,5 +74,5 @@ def quickstart(
     console.print(f'next: rlbus sql "SELECT count() FROM tasks FINAL WHERE run_id = \'{run_id}\'"')
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer, worker_app: typer.Typer) -> None:
     app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)(quickstart)

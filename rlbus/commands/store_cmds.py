@@ -52,5 +52,5 @@ def sql(
     console.print(table)
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer, worker_app: typer.Typer) -> None:
     app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)(sql)

@@ -62,5 +62,5 @@ def publish(
     console.print(f"published {n:,} tasks to {settings.kafka.topic_prefix}tasks (run {run!r})")
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer, worker_app: typer.Typer) -> None:
     app.add_typer(tasks_app, name="tasks")

@@ -30,5 +30,5 @@ def sink(ctx: typer.Context, config: ConfigOption = None) -> None:
     console.print(f"sink stopped after writing {rows:,} rows")
 
 
-def register(worker_app: typer.Typer) -> None:
+def register(app: typer.Typer, worker_app: typer.Typer) -> None:
     worker_app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)(sink)

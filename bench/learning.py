@@ -1,0 +1,249 @@
+"""Learning through the event log vs a bare in-process loop, same recipe, same run.
+
+    python bench/learning.py [--steps 200] [--workdir DIR]
+
+1. a tiny model from `rlbus model init`; a scripted teacher answers training tasks through
+   the env producer / judge / sink pipeline; SFT on those rollouts replayed from ClickHouse;
+2. GRPO from the SFT model through rlbus (`rlbus run`: broker, store, inference, env
+   producer, judge, orchestrator, trainer, sink as separate processes);
+3. the same GRPO as a bare loop in one process (HF generate + the same trainer step, no bus);
+4. held-out exact match of both at the same evaluation points, on the same held-out tasks.
+
+Prints both curves, writes a PNG, and as its last line
+`RESULT time_to_reward_vs_bare=<ratio> reward_gain=<absolute>` (reward_gain: rlbus's held-out
+exact match at the end minus at the SFT start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples" / "reverse_text"))
+
+import recipe  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from rlbus.bus import EmbeddedBroker  # noqa: E402
+from rlbus.bus.store import open_store  # noqa: E402
+from rlbus.config import load_settings  # noqa: E402
+from rlbus.consumers.inference.model_init import init_model  # noqa: E402
+from rlbus.consumers.judge import Scorer  # noqa: E402
+from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig, group_advantages  # noqa: E402
+from rlbus.consumers.orchestrator.replay import stored_samples  # noqa: E402
+from rlbus.consumers.orchestrator.tasks import Source, TaskSource  # noqa: E402
+from rlbus.consumers.trainer import masks  # noqa: E402
+from rlbus.consumers.trainer.config import TrainerConfig  # noqa: E402
+from rlbus.consumers.trainer.engine import Trainer  # noqa: E402
+from rlbus.consumers.trainer.model import load_policy  # noqa: E402
+from rlbus.consumers.trainer.sft import train_sft  # noqa: E402
+from rlbus.launcher import LocalRun, RunConfig  # noqa: E402
+from rlbus.producers.env import load_environment  # noqa: E402
+from rlbus.schemas import RolloutCompleted, TrainSample  # noqa: E402
+from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens  # noqa: E402
+
+console = Console()
+RL_CONFIG = ROOT / "examples" / "reverse_text" / "rl.toml"
+
+
+def settings_for(workdir: Path, bootstrap: str, run_id: str) -> dict:
+    return {"run_id": run_id, "kafka": {"bootstrap_servers": bootstrap},
+            "store": {"url": f"chdb://{workdir / 'store'}"}, "claim_check": {"url": str(workdir / "claims")}}
+
+
+def sft_stage(workdir: Path, bootstrap: str, teacher_tasks: int, steps: int, lr: float) -> tuple[Path, float]:
+    """Teacher rollouts -> store -> SFT model; returns its path and the seconds it took."""
+    started = time.monotonic()
+    init = workdir / "init"
+    init_model(init, seed=0)
+    settings = load_settings(overrides=settings_for(workdir, bootstrap, "teacher"))
+    scored = asyncio.run(recipe.collect_teacher(settings, init, teacher_tasks))
+    with open_store(settings.store.url, read_only=True) as store:
+        samples = asyncio.run(stored_samples(store, "reward >= 1 AND env = 'reverse_text'", "teacher"))
+    console.print(f"teacher: {scored} rollouts scored, {len(samples)} SFT samples from the store")
+    out = workdir / "sft"
+    cfg = TrainerConfig.model_validate({"optim": {"lr": lr}})
+    results = train_sft(samples, init, out, cfg, steps=steps, batch_size=64, seed=0)
+    console.print(f"SFT: {steps} steps, loss {results[0].loss:.3f} -> {results[-1].loss:.3f}")
+    return out, time.monotonic() - started
+
+
+def rl_overrides(workdir: Path, model: Path, steps: int, run_id: str, eval_every: int, eval_tasks: int) -> list[str]:
+    return ["--model", str(model), "--max-steps", str(steps), "--run-id", run_id,
+            "--store.url", f"chdb://{workdir / 'store'}", "--claim-check.url", str(workdir / "claims"),
+            "--orchestrator.eval-every", str(eval_every), "--orchestrator.eval-tasks", str(eval_tasks)]
+
+
+def rlbus_stage(workdir: Path, bootstrap: str, model: Path, steps: int, eval_every: int,
+                eval_tasks: int) -> tuple[list[tuple[float, int, float]], float, list[tuple]]:
+    """GRPO through rlbus; returns [(seconds since start, version, held-out exact)], wall seconds, reward curve."""
+    overrides = [*rl_overrides(workdir, model, steps, "rl", eval_every, eval_tasks),
+                 "--kafka.bootstrap-servers", bootstrap]
+    cfg = load_settings(RL_CONFIG, overrides, model=RunConfig)
+    assert isinstance(cfg, RunConfig)
+    started = time.time()
+    code = LocalRun(cfg.check(), RL_CONFIG, overrides, resume=False, console=console).run(timeout_s=900)
+    wall = time.time() - started
+    if code != 0:
+        raise RuntimeError(f"rlbus run exited {code}")
+    with open_store(cfg.store.url, read_only=True) as store:
+        rows = recipe.held_out(store, "rl")
+        published = dict(store.query("SELECT version, min(toUnixTimestamp64Micro(ts)) / 1e6 FROM weight_versions "
+                                     "FINAL WHERE run_id = 'rl' GROUP BY version").rows)
+        curve = recipe.reward_curve(store, "rl")
+    points = [(float(published.get(v, started)) - started, v, exact) for v, exact, _, _ in rows]
+    return points, wall, curve
+
+
+def bare_stage(model: Path, steps: int, eval_every: int, eval_tasks: int, group_size: int, tasks_per_step: int,
+               lr: float, max_tokens: int) -> list[tuple[float, int, float]]:
+    """The same GRPO in one process: HF sampling, the env's own rewards, the same trainer step."""
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(0)
+    env = load_environment(str(recipe.HERE / "env.toml"))
+    scorer = Scorer(env)
+    tok = AutoTokenizer.from_pretrained(model)
+    policy = load_policy(model, TrainerConfig().lora)
+    cfg = TrainerConfig.model_validate({"optim": {"lr": lr}, "loss": {"name": "cross_entropy"}})
+    trainer = Trainer(policy, cfg, steps)
+    source = TaskSource([Source(env, 1.0)], "bare", held_out_fraction=0.05, seed=0)
+    held = source.eval_set(0, eval_tasks, 1)
+
+    def prompt_ids(task) -> list[int]:  # noqa: ANN001
+        return tok.apply_chat_template(env.taskset.messages(task), add_generation_prompt=True)["input_ids"]
+
+    @torch.no_grad()
+    def sample(prompts: list[list[int]]) -> list[list[int]]:
+        width = max(map(len, prompts))
+        ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        policy.eval()
+        out = policy.generate(input_ids=ids, attention_mask=attention, do_sample=True, temperature=1.0, top_k=0,
+                              top_p=1.0, max_new_tokens=max_tokens, eos_token_id=recipe.IM_END,
+                              pad_token_id=tok.pad_token_id)[:, width:].tolist()
+        policy.train()
+        return [row[: row.index(recipe.IM_END) + 1] if recipe.IM_END in row else row for row in out]
+
+    def rewards(tasks, completions) -> list[tuple[float, float]]:  # noqa: ANN001
+        rollouts = [RolloutCompleted(rollout_id=str(i), group_id=t.task_id, task_id=t.task_id, env=env.id,
+                                     sample_index=i, group_size=len(tasks), answer=t.answer,
+                                     completion=[{"role": "assistant", "content": tok.decode(c, skip_special_tokens=True)}])
+                    for i, (t, c) in enumerate(zip(tasks, completions, strict=True))]
+        scored = asyncio.run(scorer.score(rollouts))
+        return [(s.reward, s.rewards.get("exact", 0.0)) for s in scored]
+
+    def evaluate() -> float:
+        return float(np.mean([r[1] for r in rewards(held, sample([prompt_ids(t) for t in held]))])) if held else 0.0
+
+    points = []
+    started = time.monotonic()
+    points.append((0.0, 0, evaluate()))
+    eval_time = time.monotonic() - started
+    for step in range(1, steps + 1):
+        batch: list[TrainSample] = []
+        tasks = [source.next_train() for _ in range(tasks_per_step)]
+        for task in tasks:
+            p = prompt_ids(task)
+            completions = sample([p] * group_size)
+            scored = asyncio.run(scorer.score([
+                RolloutCompleted(rollout_id=str(i), group_id=task.task_id, task_id=task.task_id, env=env.id,
+                                 sample_index=i, group_size=group_size, answer=task.answer,
+                                 completion=[{"role": "assistant", "content": tok.decode(c, skip_special_tokens=True)}])
+                for i, c in enumerate(completions)]))
+            adv = group_advantages([s.reward for s in scored], [len(c) for c in completions], AlgorithmConfig())
+            for c, a in zip(completions, adv, strict=True):
+                m = np.array([0] * len(p) + [masks.POLICY] * len(c), dtype=np.uint8)
+                batch.append(TrainSample(rollout_id="", input_ids=pack_tokens(p + c), loss_mask=pack_mask(m),
+                                         advantages=pack_logprobs(m * np.float32(a)),
+                                         inference_logprobs=pack_logprobs(np.zeros(len(m)))))
+        if any(np.any(np.frombuffer(s.advantages, np.float32)) for s in batch):
+            trainer.step(batch)
+        if step % eval_every == 0 or step == steps:
+            t0 = time.monotonic()
+            exact = evaluate()
+            eval_time += time.monotonic() - t0
+            # Evaluation time is not training time: the rlbus run evaluates in parallel.
+            points.append((time.monotonic() - started - eval_time, step, exact))
+            console.print(f"bare step {step}: held-out exact {exact:.3f}")
+    return points
+
+
+def time_to(points: list[tuple[float, int, float]], target: float) -> float | None:
+    return next((t for t, _, exact in points if exact >= target), None)
+
+
+def plot(path: Path, rl: list, bare: list, curve: list) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for points, label in ((rl, "rlbus (bus + store + processes)"), (bare, "bare in-process loop")):
+        a.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=label)
+    a.set(xlabel="RL wall time (s)", ylabel="held-out exact match", title="reverse_text: held-out exact match")
+    a.legend()
+    b.plot([c[0] for c in curve], [c[1] for c in curve], label="exact match")
+    b.plot([c[0] for c in curve], [c[2] for c in curve], label="reward (exact + 0.5 partial + 0.25 concise)")
+    b.set(xlabel="policy version that sampled the rollouts", title="training rollouts (from ClickHouse)")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--eval-tasks", type=int, default=256)
+    parser.add_argument("--teacher-tasks", type=int, default=4096)
+    parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--sft-lr", type=float, default=1e-3)
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--plot", type=Path, default=ROOT / "examples" / "reverse_text" / "learning.png")
+    parser.add_argument("--skip-bare", action="store_true")
+    args = parser.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rlbus-learning-"))
+    rl_cfg = load_settings(RL_CONFIG, ["--model", "x"], model=RunConfig)
+    assert isinstance(rl_cfg, RunConfig)
+    env_over = rl_cfg.envs["reverse_text"].overrides
+    with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
+        sft, sft_s = sft_stage(workdir, broker.bootstrap_servers, args.teacher_tasks, args.sft_steps, args.sft_lr)
+        rl, rl_wall, curve = rlbus_stage(workdir, broker.bootstrap_servers, sft, args.steps, args.eval_every,
+                                         args.eval_tasks)
+    bare = [] if args.skip_bare else bare_stage(
+        sft, args.steps, args.eval_every, args.eval_tasks, env_over["group_size"], rl_cfg.orchestrator.tasks_per_step,
+        rl_cfg.trainer.optim.lr, env_over["sampling"]["max_tokens"])
+    table = Table("version", "rlbus s", "rlbus exact", "bare s", "bare exact", title="held-out exact match")
+    bare_at = {v: (t, e) for t, v, e in bare}
+    for t, v, e in rl:
+        bt, be = bare_at.get(v, (float("nan"), float("nan")))
+        table.add_row(str(v), f"{t:.1f}", f"{e:.3f}", f"{bt:.1f}", f"{be:.3f}")
+    console.print(table)
+    console.print(f"SFT stage {sft_s:.0f}s; rlbus RL wall time {rl_wall:.0f}s (startup and final eval included)")
+    console.print(f"held-out exact match SQL:\n{recipe.HELD_OUT_SQL}")
+    plot(args.plot, rl, bare, curve)
+    console.print(f"plot: {args.plot}; store: {workdir / 'store'}")
+    gain = rl[-1][2] - rl[0][2]
+    ratio = float("nan")
+    if bare:
+        target = rl[0][2] + 0.9 * min(gain, bare[-1][2] - bare[0][2])
+        t_rl, t_bare = time_to(rl, target), time_to(bare, target)
+        console.print(f"target held-out exact {target:.3f}: rlbus {t_rl}s, bare {t_bare}s")
+        if t_rl is not None and t_bare:
+            ratio = t_rl / t_bare
+    print(f"RESULT time_to_reward_vs_bare={ratio:.2f} reward_gain={gain:.3f}")
+
+
+if __name__ == "__main__":
+    main()

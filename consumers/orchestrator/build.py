@@ -1,0 +1,58 @@
+"""An Orchestrator from a run config: environments loaded, algorithms chosen per environment,
+a teacher client where an algorithm needs one."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rlbus.bus import Bus
+from rlbus.consumers.orchestrator.algorithms import Context, make_algorithm
+from rlbus.consumers.orchestrator.join import Joiner
+from rlbus.consumers.orchestrator.tasks import Source, TaskSource
+from rlbus.consumers.orchestrator.teacher import HttpScorer
+from rlbus.consumers.orchestrator.worker import Orchestrator
+from rlbus.producers.env import Environment, load_environment
+
+if TYPE_CHECKING:
+    from rlbus.launcher import RunConfig
+
+NEEDS_TEACHER = {"opd", "self-distill"}
+
+
+def load_envs(cfg: RunConfig, base_dir: Path) -> dict[str, Environment]:
+    envs = {}
+    for name, entry in cfg.envs.items():
+        path = Path(entry.path) if Path(entry.path).is_absolute() else base_dir / entry.path
+        spec = str(path) if path.exists() else entry.path  # module:Class specs are not paths
+        envs[name] = load_environment(spec, {**entry.overrides, "id": name})
+    return envs
+
+
+def build_orchestrator(bus: Bus, cfg: RunConfig, base_dir: Path) -> Orchestrator:
+    envs = load_envs(cfg, base_dir)
+
+    @cache
+    def encode() -> object:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(cfg.model)
+
+    algorithms = {}
+    for name, entry in cfg.envs.items():
+        algo = entry.algorithm
+        teacher = None
+        if algo.name in NEEDS_TEACHER:
+            url = algo.teacher_url or (cfg.inference.url if algo.name == "self-distill" else "")
+            if not url:
+                raise ValueError(f"envs.{name}: algorithm {algo.name!r} needs algorithm.teacher_url")
+            teacher = HttpScorer(url)
+        ctx = Context(teacher=teacher,
+                      encode=lambda text: encode().encode(text, add_special_tokens=False))  # type: ignore[attr-defined]
+        algorithms[name] = make_algorithm(algo, ctx)
+    o = cfg.orchestrator
+    tasks = TaskSource([Source(envs[n], e.weight) for n, e in cfg.envs.items()], cfg.run_id, o.held_out_fraction,
+                       o.seed)
+    joiner = Joiner(cfg.run_id, set(envs), lambda env: envs[env].config.sampling.temperature or 1.0)
+    return Orchestrator(bus, o, cfg.run_id, cfg.max_steps, tasks, algorithms, joiner)

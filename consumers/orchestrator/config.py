@@ -1,0 +1,51 @@
+"""Orchestrator settings: the `[orchestrator]` table and the `[envs.NAME]` tables of a run config."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from rlbus.config import Section
+from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig
+
+
+class EnvEntry(Section):
+    path: str
+    """The environment: env.toml, a directory holding one, module:Class or FILE.py[:Class]."""
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    weight: float = Field(1.0, gt=0)
+    """Share of training tasks drawn from this environment."""
+    producers: int = Field(1, ge=1)
+    """Env producer processes `rlbus run` starts for it."""
+    judges: int = Field(1, ge=1)
+    """Judge processes `rlbus run` starts for it."""
+    overrides: dict[str, Any] = {}
+    """EnvConfig fields over the environment's TOML (group_size, sampling, max_concurrent_rollouts...)."""
+
+
+class OrchestratorConfig(Section):
+    mode: Literal["async", "sync"] = "async"
+    """async: rollouts of the next steps run while the trainer trains; sync: each step waits for
+    its rollouts, then for inference to serve the new weights."""
+    tasks_per_step: int = Field(16, ge=1)
+    """Groups (tasks) per training batch."""
+    max_inflight_tasks: int = Field(0, ge=0)
+    """Training tasks published but not yet turned into samples (backpressure); 0: 2 x tasks_per_step."""
+    max_off_policy_steps: int = Field(2, ge=0)
+    """Samples whose oldest token is more versions behind the policy being trained are dropped and counted."""
+    seq_len: int = Field(4096, ge=2)
+    """Longest sample trained on; longer ones are dropped and counted."""
+    drop_zero_signal: bool = True
+    """Drop groups whose every token has advantage 0 (e.g. all rewards equal under grpo)."""
+    eval_every: int = Field(0, ge=0)
+    """Publish the held-out tasks whenever inference serves a version divisible by this (and at the
+    first and last version); 0: never."""
+    eval_tasks: int = Field(64, ge=1)
+    """Held-out tasks per evaluation (the first ones of each environment's held-out split)."""
+    eval_group_size: int = Field(1, ge=1)
+    """Rollouts per held-out task."""
+    held_out_fraction: float = Field(0.05, gt=0, lt=1)
+    """Share of each task set kept out of training (chosen by a hash of the task id)."""
+    seed: int = 0
+    """Seed of the training task order (a shuffle buffer over each task set)."""

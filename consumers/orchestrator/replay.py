@@ -1,0 +1,53 @@
+"""Training samples from the store: the exact token ids and loss masks of stored rollouts
+(trace nodes + token records), never re-rendered text. `rlbus replay sft` trains on them."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from rlbus.bus.store import Store
+from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig, Scored, make_algorithm
+from rlbus.producers.interception import trace_samples
+from rlbus.schemas import RolloutCompleted, RolloutScored, TokenRecord, TraceNode, TrainSample
+
+
+class ReplayError(ValueError):
+    """The selection matched nothing usable; the message says what was found."""
+
+
+def selected_rollouts(store: Store, where: str, run_id: str | None) -> list[RolloutScored]:
+    """Scored rollouts matching `where` (SQL over the `scored` table's columns), oldest run first."""
+    condition = f"({where}) AND status = 'ok'" if where else "status = 'ok'"
+    params = {}
+    if run_id:
+        condition += " AND run_id = {run:String}"
+        params["run"] = run_id
+    return store.read_events(RolloutScored, condition, parameters=params)
+
+
+async def stored_samples(store: Store, where: str, run_id: str | None = None) -> list[TrainSample]:
+    """SFT samples of the matching rollouts: one per trace branch, supervised on sampled tokens."""
+    scored = selected_rollouts(store, where, run_id)
+    if not scored:
+        raise ReplayError(f"no scored rollout matches {where!r}{f' in run {run_id}' if run_id else ''}")
+    ids = [s.rollout_id for s in scored]
+    params = {"ids": ids}
+    nodes: dict[str, list[TraceNode]] = defaultdict(list)
+    for n in store.read_events(TraceNode, "rollout_id IN {ids:Array(String)}", parameters=params):
+        nodes[n.rollout_id].append(n)
+    records: dict[str, list[TokenRecord]] = defaultdict(list)
+    for r in store.read_events(TokenRecord, "rollout_id IN {ids:Array(String)}", parameters=params):
+        records[r.rollout_id].append(r)
+    missing = [i for i in ids if not records.get(i)]
+    if len(missing) == len(ids):
+        raise ReplayError(f"{len(ids)} rollouts match but none has token records: they were not sampled in "
+                          "train mode (token ids are only known for rollouts run through the inference server)")
+    algo = make_algorithm(AlgorithmConfig(name="sft"))
+    out: list[TrainSample] = []
+    for s in scored:
+        if s.rollout_id in missing:
+            continue
+        samples = trace_samples(nodes[s.rollout_id], records[s.rollout_id])
+        rollout = RolloutCompleted(rollout_id=s.rollout_id, group_id=s.group_id, task_id=s.task_id, env=s.env)
+        out.extend(await algo.samples([Scored(s, rollout, samples)]))
+    return out

@@ -1,0 +1,69 @@
+"""Which tasks the orchestrator publishes: training tasks drawn from each environment's task
+set by weight, and a fixed held-out set (chosen by a hash of the task id, so no training task
+is ever evaluated on) for evaluations. Event ids derive from the run and a counter, so a
+re-published task keeps its id and its rollouts keep theirs."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import msgspec
+
+from rlbus.producers.env import Environment
+from rlbus.schemas import TaskPublished, derived_id
+
+SPLIT = "split"
+EVAL_VERSION = "eval_version"
+
+
+def held_out(task_id: str, fraction: float) -> bool:
+    digest = hashlib.blake2b(task_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < fraction
+
+
+@dataclass
+class Source:
+    env: Environment
+    weight: float
+
+
+class TaskSource:
+    def __init__(self, sources: list[Source], run_id: str, held_out_fraction: float, seed: int):
+        self.sources = sources
+        self.run_id = run_id
+        self.fraction = held_out_fraction
+        self.rng = random.Random(seed)
+        self.streams: dict[str, Iterator[TaskPublished]] = {
+            s.env.id: iter(s.env.tasks(run_id).select(lambda t: not held_out(t.task_id, self.fraction))
+                           .shuffle(seed))
+            for s in sources
+        }
+        self.published = 0
+
+    def skip(self, n: int) -> None:
+        """Move past `n` training tasks (a resumed run continues with new ones)."""
+        for _ in range(n):
+            self.next_train()
+
+    def next_train(self) -> TaskPublished:
+        source = self.rng.choices(self.sources, weights=[s.weight for s in self.sources])[0]
+        try:
+            task = next(self.streams[source.env.id])
+        except StopIteration:
+            raise RuntimeError(f"task set of {source.env.id} is exhausted after {self.published} training tasks; "
+                               "give it more rows or lower max_steps") from None
+        self.published += 1
+        return msgspec.structs.replace(task, event_id=derived_id(self.run_id, "train-task", self.published),
+                                       run_id=self.run_id, info={**task.info, SPLIT: "train"})
+
+    def eval_set(self, version: int, per_env: int, group_size: int) -> list[TaskPublished]:
+        tasks = []
+        for s in self.sources:
+            for task in s.env.tasks(self.run_id).select(lambda t: held_out(t.task_id, self.fraction)).take(per_env):
+                tasks.append(msgspec.structs.replace(
+                    task, event_id=derived_id(self.run_id, "eval-task", version, task.task_id), run_id=self.run_id,
+                    group_size=group_size, split="test", info={**task.info, SPLIT: "test", EVAL_VERSION: version}))
+        return tasks

@@ -1,0 +1,246 @@
+"""`rlbus worker orchestrator`: scored rollouts in, TrainBatches and tasks out.
+
+One consumer (one group join) reads trace-nodes, tokens, rollouts, scored and weights. Steps
+are counted by the trainer's versions: batch s is trained on version s-1, so a sample's
+staleness is known when its batch is packed, and the trainer's first WeightVersion (which it
+publishes on start, resumed or not) tells where the run stands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rlbus.bus import Bus, Delivery
+from rlbus.consumers.orchestrator.algorithms import Algorithm
+from rlbus.consumers.orchestrator.config import OrchestratorConfig
+from rlbus.consumers.orchestrator.join import Group, Joiner
+from rlbus.consumers.orchestrator.tasks import EVAL_VERSION, SPLIT, TaskSource
+from rlbus.consumers.trainer.staleness import filter_stale
+from rlbus.producers.rollouts import group_id_of
+from rlbus.schemas import TaskPublished, TrainBatch, TrainSample, WeightLoaded, WeightVersion, derived_id
+from rlbus.schemas.packed import logprobs, mask, tokens
+
+log = logging.getLogger(__name__)
+
+GROUP = "orchestrator"
+TOPICS = ["trace-nodes", "tokens", "rollouts", "scored", "weights"]
+
+
+@dataclass
+class Counts:
+    groups: int = 0
+    samples: int = 0
+    dropped_stale: int = 0
+    dropped_zero_signal: int = 0
+    dropped_too_long: int = 0
+    errored_rollouts: int = 0
+    untrainable: int = 0
+
+
+@dataclass
+class Evaluation:
+    version: int
+    pending: set[str]
+    rewards: list[float] = field(default_factory=list)
+
+    @property
+    def pass_rate(self) -> float:
+        return float(np.mean([r >= 1 for r in self.rewards])) if self.rewards else 0.0
+
+
+def has_signal(samples: list[TrainSample]) -> bool:
+    return any(np.any(logprobs(s.advantages)[mask(s.loss_mask) > 0] != 0) for s in samples)
+
+
+class Orchestrator:
+    def __init__(self, bus: Bus, cfg: OrchestratorConfig, run_id: str, max_steps: int, tasks: TaskSource,
+                 algorithms: dict[str, Algorithm], joiner: Joiner):
+        self.bus = bus
+        self.cfg = cfg
+        self.run_id = run_id
+        self.max_steps = max_steps
+        self.tasks = tasks
+        self.algorithms = algorithms
+        self.joiner = joiner
+        self.max_inflight = cfg.max_inflight_tasks or 2 * cfg.tasks_per_step
+        self.step: int | None = None
+        """Batches published so far; None until the trainer has announced its version."""
+        self.served = -1
+        self.trained = -1
+        """Newest version the trainer announced: the run is done when it reaches max_steps."""
+        self.inflight: set[str] = set()
+        self.ready: list[list[TrainSample]] = []
+        self.start_version = 0
+        """The trainer's first announced version: no task goes out before inference serves it."""
+        self.awaiting_version = 0
+        """sync: the version inference must serve before the next step's tasks go out."""
+        self.collecting = False
+        """sync: this step's tasks are out; its batch goes when all have come back."""
+        self.evaluations: dict[int, Evaluation] = {}
+        self.next_eval: int | None = None
+        self.counts = Counts()
+        self.done = asyncio.Event()
+
+    # -- events ----------------------------------------------------------------------
+
+    async def handle(self, deliveries: list[Delivery]) -> None:
+        for d in deliveries:
+            event = d.event
+            if event.run_id != self.run_id:
+                continue
+            if isinstance(event, WeightVersion):
+                self._on_version(event.version)
+            elif isinstance(event, WeightLoaded):
+                self.served = max(self.served, event.version)
+            else:
+                self.joiner.add(event)
+        for group in self.joiner.ready():
+            await self._on_group(group)
+        await self.advance()
+
+    def _on_version(self, version: int) -> None:
+        self.trained = max(self.trained, version)
+        if self.step is None:  # the trainer's announcement on start, fresh or resumed
+            self.step = self.next_eval = self.start_version = self.awaiting_version = version
+            self.tasks.skip(version * self.cfg.tasks_per_step)
+            log.info("trainer is at version %d; next batch is step %d", version, version + 1)
+
+    async def _on_group(self, group: Group) -> None:
+        first = group.members[0].rollout
+        self.counts.errored_rollouts += sum(m.scored.status != "ok" for m in group.members)
+        self.counts.untrainable += group.untrainable
+        if first.info.get(SPLIT) == "test":
+            evaluation = self.evaluations.get(int(first.info.get(EVAL_VERSION, -1)))
+            if evaluation is not None and group.group_id in evaluation.pending:
+                evaluation.pending.discard(group.group_id)
+                evaluation.rewards.extend(m.scored.reward for m in group.members)
+                if not evaluation.pending:
+                    log.info("eval at version %d: mean reward %.3f, pass rate %.3f over %d rollouts",
+                             evaluation.version, float(np.mean(evaluation.rewards)), evaluation.pass_rate,
+                             len(evaluation.rewards))
+            return
+        self.inflight.discard(group.group_id)
+        samples = await self.algorithms[group.env].samples(group.members)
+        kept = [s for s in samples if len(tokens(s.input_ids)) <= self.cfg.seq_len]
+        self.counts.dropped_too_long += len(samples) - len(kept)
+        self.counts.groups += 1
+        if self.cfg.drop_zero_signal and not has_signal(kept):
+            self.counts.dropped_zero_signal += 1
+            return
+        if kept:
+            self.ready.append(kept)
+
+    # -- pacing and batching --------------------------------------------------------------
+
+    def _groups_needed(self) -> int:
+        """Training groups still to be published to reach max_steps."""
+        assert self.step is not None
+        return (self.max_steps - self.step) * self.cfg.tasks_per_step - len(self.ready) - len(self.inflight)
+
+    def _async_room(self) -> int:
+        """Tasks that may go out now: within the in-flight bound, and only as many as will land
+        in batches no more than max_off_policy_steps ahead of the version inference serves
+        (each would otherwise be sampled only to be dropped as stale)."""
+        assert self.step is not None
+        room = 0
+        queued = len(self.ready) + len(self.inflight)
+        while room < min(self.max_inflight - len(self.inflight), self._groups_needed()):
+            trained_at = self.step + (queued + room) // self.cfg.tasks_per_step
+            if trained_at - max(self.served, 0) > self.cfg.max_off_policy_steps:
+                break
+            room += 1
+        return room
+
+    async def advance(self) -> None:
+        if self.step is None:
+            return  # the trainer has not announced its version yet
+        await self._maybe_evaluate()
+        if self.cfg.mode == "async":
+            while len(self.ready) >= self.cfg.tasks_per_step and self.step < self.max_steps:
+                await self._publish_batch(self.cfg.tasks_per_step)
+            if self.served >= self.start_version:  # on a resume, inference first loads the trainer's weights
+                await self._publish_tasks(self._async_room())
+        elif self.step < self.max_steps:
+            if self.collecting:
+                if not self.inflight:  # every group of the step is back (some may have been dropped)
+                    await self._publish_batch(len(self.ready))
+                    self.collecting = False
+                    self.awaiting_version = self.step
+            elif self.served >= self.awaiting_version:
+                await self._publish_tasks(self.cfg.tasks_per_step)
+                self.collecting = True
+        if self.trained >= self.max_steps and not any(e.pending for e in self.evaluations.values()) \
+                and self._final_evaluated():
+            self.done.set()
+
+    def _final_evaluated(self) -> bool:
+        return not self.cfg.eval_every or self.max_steps in self.evaluations
+
+    async def _maybe_evaluate(self) -> None:
+        if not self.cfg.eval_every or self.next_eval is None or self.served < self.next_eval:
+            return
+        version = self.served
+        if version in self.evaluations:
+            return
+        if version < self.max_steps:
+            self.next_eval = (version // self.cfg.eval_every + 1) * self.cfg.eval_every
+            self.next_eval = min(self.next_eval, self.max_steps)
+        else:
+            self.next_eval = None
+        tasks = self.tasks.eval_set(version, self.cfg.eval_tasks, self.cfg.eval_group_size)
+        self.evaluations[version] = Evaluation(version, {group_id_of(t) for t in tasks})
+        await self.bus.publish_many(tasks)
+
+    async def _publish_tasks(self, n: int) -> None:
+        tasks: list[TaskPublished] = [self.tasks.next_train() for _ in range(max(0, n))]
+        if tasks:
+            self.inflight.update(group_id_of(t) for t in tasks)
+            await self.bus.publish_many(tasks)
+
+    async def _publish_batch(self, groups: int) -> None:
+        assert self.step is not None
+        taken, self.ready = self.ready[:groups], self.ready[groups:]
+        fresh = filter_stale([s for g in taken for s in g], self.step, self.cfg.max_off_policy_steps)
+        self.counts.dropped_stale += fresh.dropped
+        self.counts.samples += len(fresh.kept)
+        self.step += 1
+        versions = [s.policy_version for s in fresh.kept] or [self.step - 1]
+        batch_id = derived_id(self.run_id, "batch", self.step)
+        await self.bus.publish(TrainBatch(
+            event_id=batch_id, run_id=self.run_id, batch_id=batch_id, step=self.step, samples=fresh.kept,
+            algorithm="+".join(sorted({type(a).__name__.lower() for a in self.algorithms.values()})),
+            num_tokens=sum(len(tokens(s.input_ids)) for s in fresh.kept),
+            min_policy_version=min(versions), max_policy_version=max(versions)))
+        log.info("batch %d: %d samples from %d groups (staleness %s; dropped so far: %s)", self.step,
+                 len(fresh.kept), len(taken), fresh.histogram, self.counts)
+
+
+async def run_orchestrator(bus: Bus, orchestrator: Orchestrator, stop: asyncio.Event) -> Orchestrator:
+    """Consume until the run is done (max_steps batches and the final evaluation) or `stop`."""
+    consumer_stop = asyncio.Event()
+
+    async def watch() -> None:
+        done = asyncio.create_task(orchestrator.done.wait())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait({done, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        done.cancel()
+        stopped.cancel()
+        consumer_stop.set()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await bus.consume(GROUP, TOPICS, on_batch=orchestrator.handle, stop=consumer_stop)
+    finally:
+        watcher.cancel()
+    return orchestrator
+
+
+def summary(o: Orchestrator) -> dict[str, object]:
+    evals = {v: {"mean_reward": float(np.mean(e.rewards)) if e.rewards else 0.0, "pass_rate": e.pass_rate,
+                 "rollouts": len(e.rewards)} for v, e in sorted(o.evaluations.items())}
+    return {"steps": o.step, "counts": vars(o.counts), "evaluations": evals}
+

@@ -1,0 +1,79 @@
+"""Trainer settings: the `[trainer]` table of a run config."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rlbus.config import Section
+
+
+class LossConfig(Section):
+    name: str = "rl"
+    """Loss for policy tokens: rl (importance ratio + trust-region masking), ppo_clip, cross_entropy, distill."""
+    trust_region: float = Field(0.2, gt=0)
+    """rl: a token stops getting gradient once its probability moved this far (absolute) from the
+    inference probability in the direction its advantage pushes (DPPO's binary TV mask)."""
+    clip_low: float = Field(0.2, ge=0)
+    """ppo_clip: lower clip of the ratio, 1 - clip_low."""
+    clip_high: float = Field(0.28, ge=0)
+    """ppo_clip: upper clip of the ratio, 1 + clip_high."""
+    max_log_ratio: float = Field(10.0, gt=0)
+    """Log importance ratios are clamped to +-this before exponentiating (overflow guard)."""
+
+
+class OptimConfig(Section):
+    lr: float = Field(3e-4, gt=0)
+    """Peak learning rate of AdamW."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW decoupled weight decay."""
+    beta1: float = Field(0.9, ge=0, lt=1)
+    """AdamW first-moment decay."""
+    beta2: float = Field(0.999, ge=0, lt=1)
+    """AdamW second-moment decay."""
+    eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradients are clipped to this global L2 norm."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up from 0 to lr over this many steps."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """After warm-up: constant, or decaying (linear/cosine) to min_lr_ratio * lr at max_steps."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Floor of a decaying schedule, as a fraction of lr."""
+
+
+class LoraConfig(Section):
+    enabled: bool = False
+    """Train LoRA adapters (peft) instead of every weight; published weights are merged."""
+    rank: int = Field(8, ge=1)
+    """Rank of the adapters."""
+    alpha: float = Field(16.0, gt=0)
+    """Scaling numerator (scale = alpha / rank)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input."""
+    target_modules: str = "all-linear"
+    """Modules to adapt: "all-linear" or a comma-separated list of module names (q_proj,v_proj)."""
+
+
+class TrainerConfig(Section):
+    optim: OptimConfig = OptimConfig()
+    loss: LossConfig = LossConfig()
+    lora: LoraConfig = LoraConfig()
+    micro_batch_tokens: int = Field(16384, ge=1)
+    """Padded tokens (rows x longest row) per forward pass; gradients accumulate over micro-batches."""
+    device: str = "cpu"
+    """Torch device of a single-process trainer (cpu, cuda)."""
+    parallel: Literal["none", "fsdp"] = "none"
+    """none: one process; fsdp: FSDP2 (fully_shard) over torch.distributed ranks (torchrun)."""
+    checkpoint_url: str = ""
+    """fsspec URL of checkpoints and published weights; empty: <store data dir>/checkpoints/<run_id>."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Trainer states kept (older ones are deleted once a newer one is complete)."""
+    keep_weights: int = Field(8, ge=1)
+    """Published weight versions kept, so a slow inference worker can still load a recent one."""
+    seed: int = 0
+    """Seed of torch's RNG (dropout); data order comes from the batches."""
+    threads: int = Field(0, ge=0)
+    """torch intra-op threads on CPU; 0 leaves torch's default."""

@@ -1,0 +1,67 @@
+"""The policy model: a transformers causal LM, optionally with LoRA adapters, and the one
+forward pass the losses need (per-token log-probs of the given ids, tempered, plus entropy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rlbus.consumers.trainer.batching import MicroBatch
+from rlbus.consumers.trainer.config import LoraConfig
+
+
+def load_policy(path: str | Path, lora: LoraConfig, device: str = "cpu") -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+    if lora.enabled:
+        from peft import LoraConfig as PeftLora
+        from peft import get_peft_model
+
+        targets = lora.target_modules if lora.target_modules == "all-linear" else lora.target_modules.split(",")
+        model = get_peft_model(model, PeftLora(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                               target_modules=targets, task_type="CAUSAL_LM"))
+    model.train()
+    return model
+
+
+def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every weight under the base model's own names (what inference loads): LoRA adapters are
+    merged into a copy, so training goes on with the adapters separate."""
+    from peft import PeftModel
+
+    if not isinstance(model, PeftModel):
+        return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    model.merge_adapter()
+    try:
+        state = model.get_base_model().state_dict()
+        return {k.replace(".base_layer.", "."): v.detach().cpu().clone().contiguous()
+                for k, v in state.items() if "lora_" not in k}
+    finally:
+        model.unmerge_adapter()
+
+
+def token_logprobs(model: nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] log-probs of each token given the tokens before it, under logits / temperature,
+    and the entropy of that distribution (no grad). Position 0 has no prefix: both are 0."""
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()
+    logits = logits / mb.temperature.to(logits.device)[:, None, None]
+    log_dist = torch.log_softmax(logits, dim=-1)
+    targets = mb.input_ids[:, 1:].to(logits.device)
+    picked = log_dist.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(log_dist.exp() * log_dist).sum(-1)
+    zero = torch.zeros(picked.shape[0], 1, device=picked.device)
+    return torch.cat([zero, picked], dim=1), torch.cat([zero, entropy], dim=1)
+
+
+def save_model(model: nn.Module, out: str | Path, source: str | Path) -> None:
+    """A plain Hugging Face directory (LoRA merged) with the source model's tokenizer."""
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    plain = model.merge_and_unload() if isinstance(model, PeftModel) else model
+    plain.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(source).save_pretrained(out)

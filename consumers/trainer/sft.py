@@ -1,0 +1,37 @@
+"""Supervised fine-tuning on a fixed set of samples in one process (`rlbus replay sft`): the
+same Trainer step as RL, over reshuffled passes of the samples."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rlbus.consumers.trainer.config import TrainerConfig
+from rlbus.consumers.trainer.engine import StepResult, Trainer
+from rlbus.consumers.trainer.model import load_policy, save_model
+from rlbus.schemas import TrainSample
+
+
+def train_sft(samples: Sequence[TrainSample], model: str | Path, out: str | Path, cfg: TrainerConfig, steps: int,
+              batch_size: int, seed: int = 0,
+              on_step: Callable[[int, StepResult], None] | None = None) -> list[StepResult]:
+    """Train `steps` optimizer steps of `batch_size` samples, then write the model to `out`."""
+    if not samples:
+        raise ValueError("no samples to train on")
+    policy = load_policy(model, cfg.lora, cfg.device)
+    trainer = Trainer(policy, cfg, steps)
+    rng = random.Random(seed)
+    order: list[int] = []
+    results = []
+    for step in range(steps):
+        while len(order) < batch_size:
+            more = list(range(len(samples)))
+            rng.shuffle(more)
+            order += more
+        batch, order = [samples[i] for i in order[:batch_size]], order[batch_size:]
+        results.append(trainer.step(batch))
+        if on_step is not None:
+            on_step(step, results[-1])
+    save_model(policy, out, model)
+    return results

@@ -1,0 +1,304 @@
+"""`rlbus run`: the run config, and every role of a run as local processes on one machine.
+
+Starts the embedded broker (unless one is configured), a sink holding the store, inference,
+the trainer, the orchestrator, and env producers and judges per environment; shows a live
+dashboard read from the store; stops everything cleanly when the orchestrator is done
+(max_steps and the final evaluation), on Ctrl-C, or when a role dies (naming it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from rlbus.bus import Bus, free_port
+from rlbus.bus.store import open_store
+from rlbus.config import ConfigError, Section, Settings
+from rlbus.consumers.orchestrator.config import EnvEntry, OrchestratorConfig
+from rlbus.consumers.trainer.config import TrainerConfig
+from rlbus.processes import RoleProcess, wait_for
+from rlbus.runtime import data_dir, local_broker, store_served_elsewhere
+
+if TYPE_CHECKING:
+    from rlbus.consumers.orchestrator.worker import Orchestrator
+
+
+class InferenceConfig(Section):
+    url: str = ""
+    """/v1 URL of a running inference server that follows this run's weights; empty: start one."""
+    backend: Literal["hf", "vllm"] = "hf"
+    """Engine of the inference server `rlbus run` starts."""
+    device: str = "cpu"
+    """Device of that server."""
+    port: int = Field(0, ge=0)
+    """Its port; 0: a free one."""
+
+
+class RunConfig(Settings):
+    """A training run: the settings of every role, in one TOML file."""
+
+    model: str = ""
+    """Hugging Face model directory the policy starts from (e.g. from `rlbus model init`)."""
+    max_steps: int = Field(20, ge=1)
+    """Optimizer steps of the run; the LR schedule ends here."""
+    orchestrator: OrchestratorConfig = OrchestratorConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    inference: InferenceConfig = InferenceConfig()
+    envs: dict[str, EnvEntry] = {}
+    """Environments by name: [envs.NAME] path = "...", algorithm.name = "grpo", overrides..."""
+
+    def check(self) -> RunConfig:
+        """What the model cannot check field by field (load_settings builds it empty first)."""
+        if not self.model:
+            raise ConfigError("model is not set: give a model directory (rlbus model init PATH makes one)")
+        if not self.envs:
+            raise ConfigError("no environments: add an [envs.NAME] table with path = \"env.toml\"")
+        return self
+
+    def base(self) -> Settings:
+        """The shared settings alone, for roles that take no run config (sink, env, judge, inference)."""
+        return Settings.model_validate(self.model_dump(include=set(Settings.model_fields)))
+
+    def checkpoint_url(self) -> str:
+        return self.trainer.checkpoint_url or str(data_dir(self) / "checkpoints" / self.run_id)
+
+
+def dump_toml(data: dict[str, Any], prefix: str = "") -> str:
+    """A TOML document of nested dicts of scalars and lists of scalars (enough for env configs)."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        raise TypeError(f"cannot write {v!r} to TOML")
+
+    lines = [f"{k} = {value(v)}" for k, v in data.items() if not isinstance(v, dict) and v is not None]
+    tables = [dump_toml(v, f"{prefix}{k}.") for k, v in data.items() if isinstance(v, dict)]
+    head = [f"[{prefix[:-1]}]"] if prefix and lines else []
+    return "\n".join([*head, *lines, *tables]) + "\n"
+
+
+def env_file(entry: EnvEntry, name: str, base_dir: Path, out_dir: Path, model: str, base_url: str) -> Path:
+    """The environment's TOML with the run's overrides and the train-mode model endpoint, for its
+    env producers and judges (which take an environment spec, not a run config)."""
+    from rlbus.config import _deep_merge
+    from rlbus.producers.env.loader import ENV_FILE, _toml
+
+    path = Path(entry.path) if Path(entry.path).is_absolute() else base_dir / entry.path
+    source = path / ENV_FILE if path.is_dir() else path
+    table = _toml(source)
+    taskset, _, attr = table["taskset"].partition(":")
+    if taskset.endswith(".py") and not Path(taskset).is_absolute():
+        table["taskset"] = str((source.parent / taskset).resolve()) + (f":{attr}" if attr else "")
+    model_cfg = {"name": Path(model).name, "base_url": base_url, "mode": "train", "tokenizer": str(Path(model).resolve())}
+    merged = _deep_merge(_deep_merge(table, entry.overrides), {"id": name, "model": model_cfg})
+    out = out_dir / f"{name}.toml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(dump_toml({"env": merged}))
+    return out
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@dataclass
+class Dashboard:
+    run_id: str
+    url: str
+    started: float = field(default_factory=time.monotonic)
+    figures: dict[str, str] = field(default_factory=dict)
+
+    def refresh(self) -> Table:
+        try:
+            with open_store(self.url, read_only=True) as store:
+                self.figures = _figures(store, self.run_id)
+        except Exception as exc:  # noqa: BLE001 - the store may not serve yet; keep the last figures
+            self.figures.setdefault("store", f"waiting ({type(exc).__name__})")
+        table = Table(title=f"rlbus run {self.run_id} · {time.monotonic() - self.started:,.0f}s", show_header=False)
+        for name, val in self.figures.items():
+            table.add_row(name, val)
+        return table
+
+
+def _figures(store: Any, run_id: str) -> dict[str, str]:
+    p = {"run": run_id}
+    step = store.query(
+        "SELECT step, loss, grad_norm, entropy, mismatch_kl, tokens_per_s, num_samples, dropped_stale, staleness "
+        "FROM train_steps FINAL WHERE run_id = {run:String} ORDER BY step DESC LIMIT 1", p).rows
+    reward = store.query(
+        "SELECT max(policy_version), avgIf(reward, status = 'ok'), count() FROM (SELECT policy_version, reward, "
+        "status FROM scored FINAL WHERE run_id = {run:String} AND rollout_id IN (SELECT rollout_id FROM rollouts "
+        "WHERE run_id = {run:String} AND JSONExtractString(info, 'split') = 'train') ORDER BY ts DESC LIMIT 256)",
+        p).rows
+    evals = store.query(
+        "SELECT JSONExtractInt(r.info, 'eval_version') AS v, avg(s.reward >= 1), count() FROM scored AS s FINAL "
+        "INNER JOIN (SELECT rollout_id, info FROM rollouts FINAL WHERE run_id = {run:String} AND "
+        "JSONExtractString(info, 'split') = 'test') AS r ON s.rollout_id = r.rollout_id "
+        "WHERE s.run_id = {run:String} GROUP BY v ORDER BY v", p).rows
+    served = store.query("SELECT max(version) FROM weights_loaded FINAL WHERE run_id = {run:String}", p).rows
+    out = {"store": "ok"}
+    if step:
+        s, loss, gn, ent, kl, tps, n, dropped, staleness = step[0]
+        out |= {"step": str(s), "loss": f"{loss:.4f}", "grad norm": f"{gn:.3f}", "entropy": f"{ent:.3f}",
+                "mismatch KL": f"{kl:.2e}", "trainer tokens/s": f"{tps:,.0f}", "samples/step": str(n),
+                "staleness (versions behind: samples)": str(dict(staleness)), "dropped stale (last step)": str(dropped)}
+    if reward and reward[0][2]:
+        out["train reward (last 256 rollouts)"] = f"{reward[0][1]:.3f} (up to v{reward[0][0]})"
+    if served and served[0][0] is not None:
+        out["inference serves"] = f"v{served[0][0]}"
+    if evals:
+        out["held-out pass rate"] = "  ".join(f"v{v}: {rate:.2f}" for v, rate, _ in evals[-6:])
+    return out
+
+
+class LocalRun:
+    """Every role of a run as child processes; `run()` blocks until done, Ctrl-C or a failure."""
+
+    def __init__(self, cfg: RunConfig, config_path: Path, overrides: list[str], resume: bool, console: Console):
+        self.cfg = cfg
+        self.config_path = config_path.resolve()
+        self.overrides = overrides
+        self.resume = resume
+        self.console = console
+        self.run_dir = data_dir(cfg) / "runs" / cfg.run_id
+        self.processes: list[RoleProcess] = []
+
+    def _start(self, role: str, settings: Settings, args: list[str]) -> RoleProcess:
+        process = RoleProcess(role, settings, self.run_dir / "logs", args)
+        self.processes.append(process)
+        return process
+
+    def run(self, timeout_s: float = 600) -> int:
+        """Returns the orchestrator's exit code (0: max_steps reached and evaluated)."""
+        with local_broker(self.cfg.base()) as base:
+            self.console.print(f"broker {base.kafka.bootstrap_servers} · store {base.store.url} · "
+                               f"logs {self.run_dir / 'logs'}")
+            try:
+                return self._run(base, timeout_s)
+            finally:
+                self.stop()
+
+    def _run(self, base: Settings, timeout_s: float) -> int:
+        run_args = ["--config", str(self.config_path), *self.overrides, "--kafka.bootstrap-servers",
+                    base.kafka.bootstrap_servers or "", *(["--resume"] if self.resume else [])]
+        sink = self._start("sink", base, [])
+        wait_for(lambda: store_served_elsewhere(base), timeout_s, "the sink to serve the store", processes=(sink,))
+        url = self.cfg.inference.url
+        if not url:
+            port = self.cfg.inference.port or free_port()
+            inference = self._start("inference", base, ["--model", str(Path(self.cfg.model).resolve()), "--port",
+                                                        str(port), "--backend", self.cfg.inference.backend,
+                                                        "--device", self.cfg.inference.device])
+            url = f"http://127.0.0.1:{port}/v1"
+            wait_for(lambda: _healthy(url), timeout_s, f"inference at {url}", processes=(inference,))
+        trainer = self._start("trainer", base, run_args)
+        orchestrator = self._start("orchestrator", base, [*run_args, "--inference.url", url])
+        for name, entry in self.cfg.envs.items():
+            path = env_file(entry, name, self.config_path.parent, self.run_dir / "envs", self.cfg.model, url)
+            for _ in range(entry.producers):
+                self._start("env", base, [str(path)])
+            for _ in range(entry.judges):
+                self._start("judge", base, [str(path)])
+        dashboard = Dashboard(self.cfg.run_id, base.store.url)
+        with Live(dashboard.refresh(), console=self.console, refresh_per_second=2) as live:
+            while orchestrator.alive():
+                for p in self.processes:
+                    if p is not orchestrator and p is not trainer:
+                        p.check()
+                if not trainer.alive() and trainer.proc.returncode != 0:
+                    trainer.check()
+                time.sleep(1.0)
+                live.update(dashboard.refresh())
+            # The last events (final step, evaluation) reach the store before the sink stops.
+            time.sleep(2 * base.store.flush_interval_s + 1)
+            live.update(dashboard.refresh())
+        if orchestrator.proc.returncode != 0:
+            orchestrator.check()
+        return orchestrator.proc.returncode
+
+    def stop(self) -> None:
+        """Orchestrator and producers first, the trainer (finishing its batch), inference, the sink last."""
+        order = {"orchestrator": 0, "env": 1, "judge": 2, "trainer": 3, "inference": 4, "sink": 5}
+        for p in sorted(self.processes, key=lambda p: order.get(p.role, 9)):
+            p.stop()
+
+
+async def run_in_process(cfg: RunConfig, base_dir: Path, extra: Sequence[Callable[[Bus, asyncio.Event], Awaitable[Any]]] = (),
+                         timeout_s: float = 600) -> Orchestrator:
+    """Every role in this process's event loop, on the configured broker and a store this process
+    holds (tests and benchmarks: no process start-up, one place to look). With inference.url
+    empty, the built-in engine serves cfg.model and follows weights; `extra` roles run alongside
+    (e.g. a scripted inference's weight acknowledgements). Returns once the orchestrator is done
+    and its last events are stored."""
+    from rlbus.consumers.inference.service import build_app, build_backend
+    from rlbus.consumers.inference.worker import run_worker
+    from rlbus.consumers.judge import run_judge
+    from rlbus.consumers.orchestrator.build import build_orchestrator
+    from rlbus.consumers.orchestrator.worker import run_orchestrator
+    from rlbus.consumers.sink import run_sink
+    from rlbus.consumers.trainer.session import open_session
+    from rlbus.consumers.trainer.worker import TrainerWorker, run_trainer
+    from rlbus.producers.env import load_environment
+    from rlbus.producers.worker import run_env_producer
+
+    stop = asyncio.Event()
+    roles: list[asyncio.Task] = []
+    url = cfg.inference.url
+    if not url:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/v1"
+        backend = build_backend(cfg.model)
+        roles.append(asyncio.create_task(run_worker(cfg, backend, build_app(backend, cfg.model), "127.0.0.1", port,
+                                                    stop)))
+    cfg = cfg.model_copy(update={"inference": cfg.inference.model_copy(update={"url": url})})
+    session = open_session(cfg.trainer, cfg.model, cfg.checkpoint_url(), cfg.max_steps, resume=False)
+    with open_store(cfg.store.url) as store:
+        async with Bus(cfg) as bus:
+            roles.append(asyncio.create_task(run_sink(cfg, store, stop)))
+            for name, entry in cfg.envs.items():
+                env = load_environment(str(env_file(entry, name, base_dir, data_dir(cfg) / "runs" / cfg.run_id / "envs",
+                                                    cfg.model, url)))
+                roles += [asyncio.create_task(run_env_producer(cfg, env, stop)),
+                          asyncio.create_task(run_judge(cfg, [env], stop))]
+            roles.append(asyncio.create_task(run_trainer(bus, TrainerWorker(
+                bus, session.trainer.step, session.checkpoints, session.state, session.hooks, cfg.run_id,
+                cfg.orchestrator.max_off_policy_steps, cfg.max_steps, asyncio.Event()))))
+            roles += [asyncio.create_task(role(bus, stop)) for role in extra]
+            orchestrator = build_orchestrator(bus, cfg, base_dir)
+            try:
+                await asyncio.wait_for(run_orchestrator(bus, orchestrator, stop), timeout_s)
+                await _stored(store, cfg.run_id, cfg.max_steps)
+            finally:
+                stop.set()
+                await asyncio.gather(*roles, return_exceptions=True)
+    return orchestrator
+
+
+async def _stored(store: Any, run_id: str, step: int, timeout_s: float = 30) -> None:
+    """Until the final TrainStep is in the store, then one more sink flush for what came with it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    query = "SELECT count() FROM train_steps FINAL WHERE run_id = {r:String} AND step = {s:UInt32}"
+    while not store.query(query, {"r": run_id, "s": step}).rows[0][0] and loop.time() < deadline:
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(1.5)

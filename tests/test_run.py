@@ -1,0 +1,75 @@
+"""A whole RL run on a tiny model with every role on the real broker and a real chdb store:
+inference (built-in engine following weights), env producer, judge, orchestrator, trainer and
+sink, in this process's event loop (`rlbus run`'s subprocess launcher: test_run_cli.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlbus.bus.store import open_store
+from rlbus.config import Settings, load_settings
+from rlbus.consumers.inference.model_init import init_model
+from rlbus.launcher import RunConfig, run_in_process
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
+
+
+def run_config(settings: Settings, model: Path, tmp: Path, **orchestrator: object) -> RunConfig:
+    data = settings.model_dump(mode="json", exclude_none=True)
+    return load_settings(EXAMPLE / "rl.toml", model=RunConfig, overrides={
+        **data, "model": str(model), "max_steps": 4,
+        "orchestrator": {"tasks_per_step": 4, "eval_every": 2, "eval_tasks": 8, "held_out_fraction": 0.2,
+                         **orchestrator},
+        "trainer": {"checkpoint_url": str(tmp / "ckpt"), "threads": 1},
+        "envs": {"reverse_text": {"path": str(EXAMPLE / "env.toml"),
+                                  "overrides": {"group_size": 4, "max_concurrent_rollouts": 16,
+                                                "sampling": {"temperature": 1.0, "max_tokens": 10}}}},
+    })
+
+
+async def run_all(cfg: RunConfig) -> dict:
+    orch = await run_in_process(cfg, EXAMPLE, timeout_s=240)
+    p = {"r": cfg.run_id}
+    with open_store(cfg.store.url, read_only=True) as store:
+        return {
+            "orch": orch,
+            "versions": [r[0] for r in store.query(
+                "SELECT version FROM weight_versions FINAL WHERE run_id = {r:String} ORDER BY version", p).rows],
+            "loaded": [r[0] for r in store.query(
+                "SELECT DISTINCT version FROM weights_loaded FINAL WHERE run_id = {r:String} ORDER BY version", p).rows],
+            "token_versions": [r[0] for r in store.query(
+                "SELECT DISTINCT policy_version FROM tokens FINAL WHERE run_id = {r:String} ORDER BY 1", p).rows],
+            "steps": store.query("SELECT step, mismatch_kl, num_samples, dropped_stale, staleness FROM train_steps "
+                                 "FINAL WHERE run_id = {r:String} ORDER BY step", p).rows,
+        }
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "tiny"
+    init_model(path, seed=0)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_run_versions_flow_through_inference_and_rollouts(settings: Settings, tiny: Path, tmp_path: Path,
+                                                                mode: str) -> None:
+    out = await run_all(run_config(settings, tiny, tmp_path, mode=mode, drop_zero_signal=False))
+    assert out["versions"] == [0, 1, 2, 3, 4]
+    assert {2, 4} <= set(out["loaded"])  # inference served new weights (and said so)
+    assert max(out["token_versions"]) >= 1  # rollouts were sampled by trained versions
+    steps = out["steps"]
+    assert [s[0] for s in steps] == [1, 2, 3, 4]
+    assert all(s[2] == 16 and s[3] == 0 for s in steps)  # full batches, nothing stale reached the trainer
+    behind = [int(k) for s in steps for k in s[4]]
+    print(f"{mode}: mismatch KL per step {[f'{s[1]:.2e}' for s in steps]}; staleness {[dict(s[4]) for s in steps]}")
+    if mode == "sync":
+        assert behind == [0, 0, 0, 0]
+        assert all(s[1] < 1e-3 for s in steps)  # same fp32 weights in the engine and the trainer
+    else:
+        assert max(behind) <= 2
+    evaluations = out["orch"].evaluations
+    assert set(evaluations) == {0, 2, 4} and all(len(e.rewards) == 8 for e in evaluations.values())

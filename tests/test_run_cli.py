@@ -1,0 +1,49 @@
+"""`rlbus run` as a user runs it: every role a process, embedded broker and store, dashboard;
+stops by itself at max_steps; `--resume` continues from the checkpoint (with a fresh embedded
+broker: the store and the checkpoint are what survive), or says there is nothing to resume."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rlbus.bus.store import open_store
+from rlbus.cli import app
+from rlbus.consumers.inference.model_init import init_model
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
+ROLES = ("inference", "env", "judge", "trainer", "orchestrator", "sink")
+missing = [r for r in ROLES if CliRunner().invoke(app, ["worker", r, "--help"]).exit_code != 0]
+pytestmark = pytest.mark.skipif(bool(missing), reason=f"rlbus.cli does not register `rlbus worker {missing}` yet")
+
+
+def rlbus_run(tmp: Path, model: Path, *extra: str) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "rlbus", "run", str(EXAMPLE / "rl.toml"), "--model", str(model), "--run-id", "cli",
+            "--store.url", f"chdb://{tmp / 'store'}", "--claim-check.url", str(tmp / "claims"),
+            "--orchestrator.tasks-per-step", "4", "--orchestrator.eval-every", "0",
+            "--envs.reverse_text.overrides.group-size", "4", *extra]
+    return subprocess.run(args, capture_output=True, text=True, timeout=240, cwd=tmp)
+
+
+@pytest.mark.slow
+def test_rlbus_run_stops_at_max_steps_and_resumes(tmp_path: Path) -> None:
+    model = tmp_path / "tiny"
+    init_model(model, seed=0)
+    first = rlbus_run(tmp_path, model, "--max-steps", "2")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "finished at step 2" in first.stdout
+    again = rlbus_run(tmp_path, model, "--max-steps", "2")
+    assert again.returncode == 1 and "pass --resume" in again.stderr
+    resumed = rlbus_run(tmp_path, model, "--max-steps", "3", "--resume")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    with open_store(f"chdb://{tmp_path / 'store'}", read_only=True) as store:
+        steps = [r[0] for r in store.query("SELECT step FROM train_steps FINAL WHERE run_id = 'cli' ORDER BY step").rows]
+        loaded = {r[0] for r in store.query("SELECT version FROM weights_loaded FINAL WHERE run_id = 'cli'").rows}
+    assert steps == [1, 2, 3]
+    assert {2, 3} <= loaded  # the resumed inference loaded the checkpoint's weights, then the new ones
+    nothing = rlbus_run(tmp_path, model, "--run-id", "other", "--resume")
+    assert nothing.returncode == 1 and "nothing to resume" in nothing.stderr

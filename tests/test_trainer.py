@@ -1,0 +1,161 @@
+"""Trainer core on CPU: packing, staleness, one optimizer step on a tiny model, LoRA export,
+checkpoints and the resume rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rlbus.consumers.inference.model_init import init_model
+from rlbus.consumers.trainer import masks
+from rlbus.consumers.trainer.batching import collate, pack
+from rlbus.consumers.trainer.checkpoint import NothingToResume
+from rlbus.consumers.trainer.config import LoraConfig, OptimConfig, TrainerConfig
+from rlbus.consumers.trainer.engine import Trainer, lr_factor
+from rlbus.consumers.trainer.model import full_weights, load_policy, token_logprobs
+from rlbus.consumers.trainer.session import CheckpointExists, open_session
+from rlbus.consumers.trainer.staleness import filter_stale
+from rlbus.schemas import TrainSample
+from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "tiny"
+    init_model(path, seed=0)
+    return path
+
+
+def sample(ids: list[int], sampled_from: int, code: int = masks.POLICY, advantage: float = 1.0,
+           lps: list[float] | None = None, version: int = 0, rollout: str = "r") -> TrainSample:
+    n = len(ids)
+    m = np.array([0] * sampled_from + [code] * (n - sampled_from), dtype=np.uint8)
+    return TrainSample(rollout_id=rollout, input_ids=pack_tokens(ids), loss_mask=pack_mask(m),
+                       advantages=pack_logprobs((m > 0) * advantage),
+                       inference_logprobs=pack_logprobs(lps if lps is not None else [0.0] * n), policy_version=version)
+
+
+def test_pack_bounds_padded_tokens_and_keeps_every_sample() -> None:
+    lengths = [10, 3, 7, 7, 2, 12]
+    groups = pack(lengths, budget_tokens=16)
+    assert sorted(i for g in groups for i in g) == list(range(6))
+    for g in groups:
+        assert len(g) == 1 or len(g) * max(lengths[i] for i in g) <= 16
+    assert groups[0] == [5]  # 12 alone; longest first
+    assert pack([40], 16) == [[0]]  # an over-long sample still gets trained alone
+
+
+def test_staleness_drops_and_counts() -> None:
+    samples = [sample([1, 2, 3], 1, version=v, rollout=f"r{v}") for v in (5, 4, 3, 2, 0)]
+    out = filter_stale(samples, policy_version=5, max_off_policy_steps=2)
+    assert [s.rollout_id for s in out.kept] == ["r5", "r4", "r3"]
+    assert out.dropped == 2
+    assert out.histogram == {"0": 1, "1": 1, "2": 1, "3": 1, "5": 1}
+
+
+def test_collate_refuses_misaligned_samples() -> None:
+    bad = TrainSample(rollout_id="x", input_ids=pack_tokens([1, 2, 3]), loss_mask=pack_mask([0, 1]),
+                      advantages=pack_logprobs([0, 1, 1]), inference_logprobs=pack_logprobs([0, 0, 0]))
+    with pytest.raises(ValueError, match="rollout x: 3 input ids"):
+        collate([bad])
+
+
+def test_lr_schedule() -> None:
+    cfg = OptimConfig(warmup_steps=3, schedule="linear", min_lr_ratio=0.1)
+    assert [round(lr_factor(s, cfg, 13), 3) for s in (0, 2, 3, 8, 13)] == [0.25, 0.75, 1.0, 0.55, 0.1]
+    assert lr_factor(100, OptimConfig(), 10) == 1.0
+
+
+def test_sft_steps_learn_and_inference_logprobs_match(tiny: Path) -> None:
+    torch.manual_seed(0)
+    model = load_policy(tiny, LoraConfig())
+    trainer = Trainer(model, TrainerConfig(optim=OptimConfig(lr=3e-3), micro_batch_tokens=32), total_steps=20)
+    seqs = [[10, 11, 12, 13, 14, 15, 16, 17], [20, 21, 22, 23, 24], [30, 31, 32, 33, 34, 35]]
+    batch = [sample(s, 2, code=masks.SUPERVISED) for s in seqs]
+    losses = [trainer.step(batch).loss for _ in range(15)]
+    assert losses[-1] < 0.5 * losses[0]
+    # Inference log-probs computed by the very same weights: the mismatch KL is ~0.
+    mb = collate([sample(seqs[0], 2)])
+    with torch.no_grad():
+        lps, _ = token_logprobs(model, mb)
+    rl = [sample(seqs[0], 2, advantage=0.5, lps=lps[0].tolist())]
+    result = trainer.step(rl, version=0)
+    assert result.mismatch_kl == pytest.approx(0.0, abs=1e-6)
+    assert result.num_tokens == 6 and result.grad_norm > 0
+
+
+def test_lora_exports_merged_weights_under_base_names(tiny: Path) -> None:
+    base = load_policy(tiny, LoraConfig())
+    lora = load_policy(tiny, LoraConfig(enabled=True, rank=4))
+    trainer = Trainer(lora, TrainerConfig(optim=OptimConfig(lr=1e-2)), total_steps=5)
+    trainer.step([sample([5, 6, 7, 8, 9], 1, code=masks.SUPERVISED)])
+    merged = full_weights(lora)
+    assert set(merged) == set(base.state_dict())
+    changed = [k for k in merged if not torch.equal(merged[k], base.state_dict()[k])]
+    assert changed and all("proj" in k for k in changed)
+    assert not any("lora" in n for n, _ in lora.named_parameters() if not _.requires_grad)
+
+
+def test_checkpoint_resume_rules_and_round_trip(tiny: Path, tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/ckpt"
+    cfg = TrainerConfig()
+    with pytest.raises(NothingToResume):
+        open_session(cfg, str(tiny), url, 10, resume=True)
+    s = open_session(cfg, str(tiny), url, 10, resume=False)
+    s.trainer.step([sample([1, 2, 3, 4], 1, code=masks.SUPERVISED)])
+    s.state.step, s.state.batch_ids = 1, ["b1"]
+    s.checkpoints.save(s.state, s.hooks.state())
+    s.checkpoints.write_weights(1, s.hooks.weights())
+    with pytest.raises(CheckpointExists, match="step 1"):
+        open_session(cfg, str(tiny), url, 10, resume=False)
+    r = open_session(cfg, str(tiny), url, 10, resume=True)
+    assert r.state.step == 1 and r.state.batch_ids == ["b1"]
+    for k, v in s.hooks.weights().items():
+        assert torch.equal(v, r.hooks.weights()[k])
+    assert r.trainer.optimizer.state_dict()["state"].keys() == s.trainer.optimizer.state_dict()["state"].keys()
+    assert r.checkpoints.has_weights(1)
+
+
+class RecordingBus:
+    def __init__(self) -> None:
+        self.events: list = []
+
+    async def publish(self, event) -> None:  # noqa: ANN001
+        self.events.append(event)
+
+    async def publish_many(self, events) -> None:  # noqa: ANN001
+        self.events.extend(events)
+
+
+async def test_trainer_worker_never_trains_stale_samples_counts_them_and_skips_retrained_batches(
+        tiny: Path, tmp_path: Path) -> None:
+    import asyncio
+
+    from rlbus.bus import Delivery
+    from rlbus.consumers.trainer.worker import TrainerWorker
+    from rlbus.schemas import TrainBatch, TrainStep, WeightVersion
+
+    session = open_session(TrainerConfig(), str(tiny), str(tmp_path / "ckpt"), 10, resume=False)
+    session.state.step = 5  # training version 5, bound 2: versions 3..5 are fresh
+    seen: list[list[int]] = []
+
+    def step(samples, version):  # noqa: ANN001, ANN202
+        seen.append([s.policy_version for s in samples])
+        return session.trainer.step(samples, version)
+
+    bus = RecordingBus()
+    worker = TrainerWorker(bus, step, session.checkpoints, session.state, session.hooks, "run", 2, 10,
+                           asyncio.Event())
+    samples = [sample([1, 2, 3, 4], 1, version=v, rollout=f"v{v}") for v in (5, 4, 3, 2, 1)]
+    batch = TrainBatch(run_id="run", batch_id="b6", step=6, samples=samples)
+    await worker.handle([Delivery(batch, "batches", 0, 0)])
+    await worker.handle([Delivery(batch, "batches", 0, 0)])  # redelivered: not trained again
+    assert seen == [[5, 4, 3]]
+    (train_step,) = [e for e in bus.events if isinstance(e, TrainStep)]
+    assert train_step.dropped_stale == 2 and train_step.staleness == {"0": 1, "1": 1, "2": 1, "3": 1, "4": 1}
+    versions = [e for e in bus.events if isinstance(e, WeightVersion)]
+    assert [v.version for v in versions] == [6, 6] and versions[0].event_id == versions[1].event_id
+    assert session.checkpoints.latest_step() == 6
