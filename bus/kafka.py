@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -37,6 +37,26 @@ CONTENT_TYPE = "content-type"
 KIND = "rlbus-kind"
 
 
+class Holds:
+    """Offsets a handler has taken but not finished (a judge's incomplete group, say). No
+    partition is committed past its oldest held offset, so after a crash those messages
+    come back instead of being lost with the handler's memory."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[str, int], set[int]] = defaultdict(set)
+
+    def add(self, topic: str, partition: int, offset: int) -> None:
+        self._held[(topic, partition)].add(offset)
+
+    def discard(self, topic: str, partition: int, offset: int) -> None:
+        self._held[(topic, partition)].discard(offset)
+
+    def limit(self, topic: str, partition: int) -> int | None:
+        """The oldest held offset of a partition, if any."""
+        held = self._held.get((topic, partition))
+        return min(held) if held else None
+
+
 @dataclass(slots=True)
 class Delivery:
     """One decoded message and where it came from."""
@@ -48,6 +68,17 @@ class Delivery:
     offset: int
     key: bytes | None = None
     headers: Sequence[tuple[str, bytes]] = field(default_factory=tuple)
+    holds: Holds | None = None
+
+    def hold(self) -> None:
+        """Keep this message uncommitted after the handler returns, until `release()`."""
+        if self.holds is not None:
+            self.holds.add(self.topic, self.partition, self.offset)
+
+    def release(self) -> None:
+        """Done with a held message: its partition may be committed past it again."""
+        if self.holds is not None:
+            self.holds.discard(self.topic, self.partition, self.offset)
 
 
 BatchHandler = Callable[[list[Delivery]], Awaitable[None]]
@@ -266,6 +297,9 @@ class Bus:
         await consumer.start()
         prefix = len(kafka.topic_prefix)
         seen = _SeenIds() if dedup else None
+        holds = Holds()
+        progress: dict[TopicPartition, int] = {}
+        """Next offset to read, per partition, after the batches handled so far."""
         handle = on_batch or self._per_event(on_event, concurrency or 64)  # type: ignore[arg-type]
         in_flight: asyncio.Task[None] | None = None
         try:
@@ -276,14 +310,14 @@ class Bus:
                     in_flight.result()  # a failed batch stops the consumer now, not after the next poll
                 if not polled:
                     continue
-                good, dead = self._decode_all(group, polled, prefix, seen)
-                offsets = {tp: OffsetAndMetadata(records[-1].offset + 1, "") for tp, records in polled.items()}
+                good, dead = self._decode_all(group, polled, prefix, seen, holds)
+                offsets = {tp: records[-1].offset + 1 for tp, records in polled.items()}
                 # The next batch is fetched while this one is handled; batches are still
                 # handled one at a time, in order, each committed only after its handling.
                 if in_flight is not None:
                     await in_flight
                 in_flight = asyncio.create_task(
-                    self._finish(consumer, group, handle, handler_errors, good, dead, offsets))
+                    self._finish(consumer, group, handle, handler_errors, good, dead, offsets, progress, holds))
             if in_flight is not None:
                 await in_flight
         finally:
@@ -293,7 +327,8 @@ class Bus:
             await consumer.stop()
 
     def _decode_all(self, group: str, polled: dict[TopicPartition, list[ConsumerRecord]], prefix: int,
-                    seen: _SeenIds | None) -> tuple[list[tuple[ConsumerRecord, Delivery]], list[DeadLetter]]:
+                    seen: _SeenIds | None,
+                    holds: Holds) -> tuple[list[tuple[ConsumerRecord, Delivery]], list[DeadLetter]]:
         good: list[tuple[ConsumerRecord, Delivery]] = []
         dead: list[DeadLetter] = []
         for tp, records in polled.items():
@@ -307,20 +342,30 @@ class Bus:
                 if seen is not None and not seen.add(event.event_id):
                     continue
                 good.append((record, Delivery(event, topic, record.partition, record.offset,
-                                              record.key, tuple(record.headers or ()))))
+                                              record.key, tuple(record.headers or ()), holds)))
         return good, dead
 
     async def _finish(self, consumer: AIOKafkaConsumer, group: str, handle: BatchHandler,
                       handler_errors: Literal["dead_letter", "raise"], good: list[tuple[ConsumerRecord, Delivery]],
-                      dead: list[DeadLetter], offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+                      dead: list[DeadLetter], offsets: dict[TopicPartition, int],
+                      progress: dict[TopicPartition, int], holds: Holds) -> None:
         if good and handler_errors == "raise":
             await handle([d for _, d in good])
         elif good:
             dead.extend(await self._handle(group, handle, good))
         if dead:
             await self.publish_many(dead)
+        progress.update(offsets)
+        assigned = consumer.assignment()
+        for tp in [tp for tp in progress if tp not in assigned]:
+            del progress[tp]  # revoked: its new owner resumes from the last commit
+        prefix = len(self.settings.kafka.topic_prefix)
+        commit = {}
+        for tp, next_offset in progress.items():
+            held = holds.limit(tp.topic[prefix:], tp.partition)
+            commit[tp] = OffsetAndMetadata(next_offset if held is None else min(held, next_offset), "")
         try:
-            await consumer.commit(offsets)
+            await consumer.commit(commit)
         except CommitFailedError:
             # A rebalance moved these partitions away meanwhile; their new owner redelivers
             # from the last commit, and handling is idempotent.

@@ -146,3 +146,23 @@ async def test_trace_context_crosses_the_broker(settings: Settings) -> None:
     trace_id = root.get_span_context().trace_id
     assert spans["publish tasks"].context.trace_id == trace_id
     assert spans["process tasks"].context.trace_id == trace_id
+
+
+async def test_held_message_is_not_committed_until_released(settings: Settings) -> None:
+    """A handler that holds a message (a judge's incomplete group) gets it again after a
+    restart, with everything after it on that partition; released ones are committed."""
+    async with Bus(settings) as bus:
+        await bus.publish_many([RolloutCompleted(rollout_id=str(i), group_id="g", task_id="t", env="e")
+                                for i in range(6)])  # one key: one partition, in order
+        stop = asyncio.Event()
+
+        async def hold_the_third(batch: list[Delivery]) -> None:
+            for d in batch:
+                if d.event.rollout_id == "2":  # type: ignore[attr-defined]
+                    d.hold()
+            if any(d.event.rollout_id == "5" for d in batch):  # type: ignore[attr-defined]
+                stop.set()
+
+        await asyncio.wait_for(bus.consume("judge", ["rollouts"], on_batch=hold_the_third, stop=stop), 30)
+        again = await collect(bus, "judge", ["rollouts"], 4)
+    assert [d.event.rollout_id for d in again] == ["2", "3", "4", "5"]  # type: ignore[attr-defined]
