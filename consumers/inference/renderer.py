@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from transformers import PreTrainedTokenizerBase
 
 from rlbus.schemas import Messages
+from rlbus.schemas.messages import text_of
 
 Tools = list[dict[str, Any]] | None
 
@@ -74,15 +75,6 @@ def _tool_call(name: str, arguments: Any, call_id: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
-def _text_content(content: Any) -> str:
-    """OpenAI content may be a string, None, or a list of parts; templates want a string."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-
-
 def _common_suffix_prefix(ids: list[int], close: list[int]) -> int:
     """Longest k such that ids ends with close[:k]."""
     for k in range(min(len(close), len(ids)), 0, -1):
@@ -111,7 +103,7 @@ class TemplateRenderer:
         # Render to text, then encode without extra specials: exactly what apply_chat_template
         # does when tokenizing, but stable across transformers' return-type changes.
         text = self._tok.apply_chat_template(
-            [{**m, "content": _text_content(m.get("content"))} for m in messages],
+            [{**m, "content": text_of(m.get("content"))} for m in messages],
             tools=tools,
             tokenize=False,
             add_generation_prompt=generation_prompt,

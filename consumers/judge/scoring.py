@@ -11,7 +11,7 @@ from typing import Any
 
 from rlbus.producers.env.loader import Environment
 from rlbus.producers.env.rules import Rule
-from rlbus.producers.interception.messages import text_of
+from rlbus.schemas.messages import text_of
 from rlbus.schemas import Event, RolloutCompleted, RolloutScored, TaskPublished, derived_id
 from rlbus.schemas.events import RolloutEvent
 

@@ -11,7 +11,7 @@ import sys
 
 from rlbus.producers.env.config import HarnessConfig
 from rlbus.producers.harnesses.base import HarnessError, Rollout
-from rlbus.producers.interception.messages import text_of
+from rlbus.schemas.messages import text_of
 from rlbus.schemas import Messages
 
 TASK_FILE = "task.json"

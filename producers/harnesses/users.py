@@ -12,7 +12,7 @@ import openai
 from rlbus.producers.env.config import UserModelConfig
 from rlbus.producers.env.rules import Rule
 from rlbus.producers.harnesses.base import Rollout
-from rlbus.producers.interception.messages import text_of
+from rlbus.schemas.messages import text_of
 from rlbus.schemas import Messages
 
 

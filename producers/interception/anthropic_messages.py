@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from rlbus.producers.interception.calls import CallResult, ModelCall
-from rlbus.producers.interception.messages import Message, text_of, tool_call
+from rlbus.producers.interception.messages import Message, tool_call
+from rlbus.schemas.messages import text_of
 from rlbus.producers.interception.wire import BadRequest, Request, sse
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}

@@ -10,16 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rlbus.schemas.messages import text_of
+
 Message = dict[str, Any]
-
-
-def text_of(content: Any) -> str:
-    """The text of OpenAI/Responses/Anthropic content: a string, None, or a list of text parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
 def _arguments(raw: Any) -> str:

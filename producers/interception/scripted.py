@@ -21,7 +21,7 @@ import msgspec
 import uvicorn
 
 from rlbus.bus import free_port
-from rlbus.producers.interception.messages import text_of
+from rlbus.schemas.messages import text_of
 
 Reply = dict[str, Any]
 """An assistant message: {"content": str} and optionally "tool_calls" (OpenAI shape)."""
