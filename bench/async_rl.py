@@ -28,21 +28,21 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "reverse_text"))
 
-import recipe  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import recipe
+from rich.console import Console
+from rich.table import Table
+from rlbus.bus import Bus, Delivery, EmbeddedBroker
+from rlbus.bus.store import open_store
+from rlbus.consumers.inference.model_init import init_model
+from rlbus.consumers.trainer.batching import micro_batches
+from rlbus.consumers.trainer.config import TrainerConfig
+from rlbus.consumers.trainer.engine import Trainer
+from rlbus.consumers.trainer.model import load_policy
+from rlbus.producers.interception.scripted import ScriptedModel, ThreadedServer, _App
+from rlbus.schemas import TrainBatch, WeightLoaded, WeightVersion, derived_id
 
-from rlbus.bus import Bus, Delivery, EmbeddedBroker  # noqa: E402
-from rlbus.bus.store import open_store  # noqa: E402
-from rlbus.config import load_settings  # noqa: E402
-from rlbus.consumers.inference.model_init import init_model  # noqa: E402
-from rlbus.consumers.trainer.batching import micro_batches  # noqa: E402
-from rlbus.consumers.trainer.config import TrainerConfig  # noqa: E402
-from rlbus.consumers.trainer.engine import Trainer  # noqa: E402
-from rlbus.consumers.trainer.model import load_policy  # noqa: E402
-from rlbus.launcher import RunConfig, run_in_process  # noqa: E402
-from rlbus.producers.interception.scripted import ScriptedModel, ThreadedServer, _App  # noqa: E402
-from rlbus.schemas import TrainBatch, WeightLoaded, WeightVersion, derived_id  # noqa: E402
+from rlbus.config import load_settings
+from rlbus.launcher import RunConfig, run_in_process
 
 console = Console()
 EXAMPLE = ROOT / "examples" / "reverse_text"
@@ -51,19 +51,19 @@ EXAMPLE = ROOT / "examples" / "reverse_text"
 class LogNormalDelay:
     """ASGI middleware: each request waits exp(N(log median, sigma)) seconds first."""
 
-    def __init__(self, app, median_s: float, sigma: float, seed: int):  # noqa: ANN001
+    def __init__(self, app, median_s: float, sigma: float, seed: int):
         self.app = app
         self.mu = np.log(median_s)
         self.sigma = sigma
         self.rng = random.Random(seed)
 
-    async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001
+    async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
             await asyncio.sleep(self.rng.lognormvariate(self.mu, self.sigma))
         await self.app(scope, receive, send)
 
 
-def half_right(seed: int):  # noqa: ANN201
+def half_right(seed: int):
     """Token script: the right answer half the time, a wrong one otherwise (groups carry signal)."""
     rng = random.Random(seed)
 
@@ -74,7 +74,7 @@ def half_right(seed: int):  # noqa: ANN201
     return tokens
 
 
-def acknowledge(scripted: ScriptedModel, run_id: str):  # noqa: ANN201
+def acknowledge(scripted: ScriptedModel, run_id: str):
     """The scripted server 'loads' each WeightVersion at once: what the inference worker does."""
 
     async def role(bus: Bus, stop: asyncio.Event) -> None:
@@ -96,14 +96,14 @@ def run_mode(mode: str, workdir: Path, bootstrap: str, model: Path, args: argpar
     with ThreadedServer(LogNormalDelay(_App(scripted), args.median_s, args.sigma, args.seed)) as server:
         cfg = load_settings(EXAMPLE / "rl.toml", model=RunConfig, overrides={
             "run_id": run_id, "model": str(model), "max_steps": args.steps,
-            "kafka": {"bootstrap_servers": bootstrap},
+            "kafka": {"bootstrap_servers": bootstrap, "partitions": args.producers},
             "store": {"url": f"chdb://{workdir / 'store'}"}, "claim_check": {"url": str(workdir / "claims")},
             "inference": {"url": server.url + "/v1"},
             "orchestrator": {"mode": mode, "tasks_per_step": args.tasks_per_step, "eval_every": 0,
                              "max_off_policy_steps": args.max_off_policy,
                              "max_inflight_tasks": args.tasks_per_step * (args.max_off_policy + 1)},
             "trainer": {"checkpoint_url": str(workdir / "ckpt" / run_id), "threads": 1},
-            "envs": {"reverse_text": {"path": str(EXAMPLE / "env.toml"), "overrides": {
+            "envs": {"reverse_text": {"path": str(EXAMPLE / "env.toml"), "producers": args.producers, "overrides": {
                 "group_size": args.group_size, "max_concurrent_rollouts": 512}}},
         })
         assert isinstance(cfg, RunConfig)
@@ -161,6 +161,9 @@ def main() -> None:
     parser.add_argument("--max-off-policy", type=int, default=4)
     parser.add_argument("--median-s", type=float, default=0.3, help="median scripted inference delay")
     parser.add_argument("--sigma", type=float, default=1.2, help="log-normal sigma of the delay")
+    parser.add_argument("--producers", type=int, default=16,
+                        help="env producers, one per tasks partition: each handles a poll's tasks as a whole, so "
+                             "more of them keep one slow rollout from holding back the rest")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="rlbus-async-"))

@@ -29,30 +29,31 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "reverse_text"))
 
-import recipe  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import recipe
+from rich.console import Console
+from rich.table import Table
+from rlbus.bus import EmbeddedBroker
+from rlbus.bus.store import open_store
+from rlbus.consumers.judge import Scorer
+from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig, group_advantages
+from rlbus.consumers.orchestrator.replay import stored_samples
+from rlbus.consumers.orchestrator.tasks import Source, TaskSource
+from rlbus.consumers.trainer import masks
+from rlbus.consumers.trainer.config import TrainerConfig
+from rlbus.consumers.trainer.engine import Trainer
+from rlbus.consumers.trainer.model import load_policy
+from rlbus.consumers.trainer.sft import train_sft
+from rlbus.producers.env import load_environment
+from rlbus.schemas import RolloutCompleted, TrainSample
+from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 
-from rlbus.bus import EmbeddedBroker  # noqa: E402
-from rlbus.bus.store import open_store  # noqa: E402
-from rlbus.config import load_settings  # noqa: E402
-from rlbus.consumers.inference.model_init import init_model  # noqa: E402
-from rlbus.consumers.judge import Scorer  # noqa: E402
-from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig, group_advantages  # noqa: E402
-from rlbus.consumers.orchestrator.replay import stored_samples  # noqa: E402
-from rlbus.consumers.orchestrator.tasks import Source, TaskSource  # noqa: E402
-from rlbus.consumers.trainer import masks  # noqa: E402
-from rlbus.consumers.trainer.config import TrainerConfig  # noqa: E402
-from rlbus.consumers.trainer.engine import Trainer  # noqa: E402
-from rlbus.consumers.trainer.model import load_policy  # noqa: E402
-from rlbus.consumers.trainer.sft import train_sft  # noqa: E402
-from rlbus.launcher import LocalRun, RunConfig  # noqa: E402
-from rlbus.producers.env import load_environment  # noqa: E402
-from rlbus.schemas import RolloutCompleted, TrainSample  # noqa: E402
-from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens  # noqa: E402
+from rlbus.commands.run import ReplayConfig
+from rlbus.config import load_settings
+from rlbus.launcher import LocalRun, RunConfig
 
 console = Console()
 RL_CONFIG = ROOT / "examples" / "reverse_text" / "rl.toml"
+SFT_CONFIG = ROOT / "examples" / "reverse_text" / "sft.toml"
 
 
 def settings_for(workdir: Path, bootstrap: str, run_id: str) -> dict:
@@ -60,20 +61,18 @@ def settings_for(workdir: Path, bootstrap: str, run_id: str) -> dict:
             "store": {"url": f"chdb://{workdir / 'store'}"}, "claim_check": {"url": str(workdir / "claims")}}
 
 
-def sft_stage(workdir: Path, bootstrap: str, teacher_tasks: int, steps: int, lr: float) -> tuple[Path, float]:
+def sft_stage(workdir: Path, bootstrap: str, teacher_tasks: int, sft: ReplayConfig) -> tuple[Path, float]:
     """Teacher rollouts -> store -> SFT model; returns its path and the seconds it took."""
     started = time.monotonic()
-    init = workdir / "init"
-    init_model(init, seed=0)
+    init = recipe.init_terse_model(workdir / "init", seed=0)
     settings = load_settings(overrides=settings_for(workdir, bootstrap, "teacher"))
     scored = asyncio.run(recipe.collect_teacher(settings, init, teacher_tasks))
     with open_store(settings.store.url, read_only=True) as store:
         samples = asyncio.run(stored_samples(store, "reward >= 1 AND env = 'reverse_text'", "teacher"))
     console.print(f"teacher: {scored} rollouts scored, {len(samples)} SFT samples from the store")
     out = workdir / "sft"
-    cfg = TrainerConfig.model_validate({"optim": {"lr": lr}})
-    results = train_sft(samples, init, out, cfg, steps=steps, batch_size=64, seed=0)
-    console.print(f"SFT: {steps} steps, loss {results[0].loss:.3f} -> {results[-1].loss:.3f}")
+    results = train_sft(samples, init, out, sft.trainer, steps=sft.steps, batch_size=sft.batch_size, seed=sft.seed)
+    console.print(f"SFT: {sft.steps} steps of {sft.batch_size}, loss {results[0].loss:.3f} -> {results[-1].loss:.3f}")
     return out, time.monotonic() - started
 
 
@@ -110,7 +109,7 @@ def bare_stage(model: Path, steps: int, eval_every: int, eval_tasks: int, group_
     from transformers import AutoTokenizer
 
     torch.manual_seed(0)
-    env = load_environment(str(recipe.HERE / "env.toml"))
+    env = load_environment(str(recipe.HERE / "terse.toml"))
     scorer = Scorer(env)
     tok = AutoTokenizer.from_pretrained(model)
     policy = load_policy(model, TrainerConfig().lora)
@@ -119,7 +118,7 @@ def bare_stage(model: Path, steps: int, eval_every: int, eval_tasks: int, group_
     source = TaskSource([Source(env, 1.0)], "bare", held_out_fraction=0.05, seed=0)
     held = source.eval_set(0, eval_tasks, 1)
 
-    def prompt_ids(task) -> list[int]:  # noqa: ANN001
+    def prompt_ids(task) -> list[int]:
         return tok.apply_chat_template(env.taskset.messages(task), add_generation_prompt=True)["input_ids"]
 
     @torch.no_grad()
@@ -134,7 +133,7 @@ def bare_stage(model: Path, steps: int, eval_every: int, eval_tasks: int, group_
         policy.train()
         return [row[: row.index(recipe.IM_END) + 1] if recipe.IM_END in row else row for row in out]
 
-    def rewards(tasks, completions) -> list[tuple[float, float]]:  # noqa: ANN001
+    def rewards(tasks, completions) -> list[tuple[float, float]]:
         rollouts = [RolloutCompleted(rollout_id=str(i), group_id=t.task_id, task_id=t.task_id, env=env.id,
                                      sample_index=i, group_size=len(tasks), answer=t.answer,
                                      completion=[{"role": "assistant", "content": tok.decode(c, skip_special_tokens=True)}])
@@ -207,8 +206,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--eval-tasks", type=int, default=256)
     parser.add_argument("--teacher-tasks", type=int, default=4096)
-    parser.add_argument("--sft-steps", type=int, default=150)
-    parser.add_argument("--sft-lr", type=float, default=1e-3)
+    parser.add_argument("--sft-steps", type=int, default=None, help="default: examples/reverse_text/sft.toml's")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=ROOT / "examples" / "reverse_text" / "learning.png")
     parser.add_argument("--skip-bare", action="store_true")
@@ -218,7 +216,10 @@ def main() -> None:
     assert isinstance(rl_cfg, RunConfig)
     env_over = rl_cfg.envs["reverse_text"].overrides
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
-        sft, sft_s = sft_stage(workdir, broker.bootstrap_servers, args.teacher_tasks, args.sft_steps, args.sft_lr)
+        sft_cfg = load_settings(SFT_CONFIG, [] if args.sft_steps is None else ["--steps", str(args.sft_steps)],
+                                model=ReplayConfig)
+        assert isinstance(sft_cfg, ReplayConfig)
+        sft, sft_s = sft_stage(workdir, broker.bootstrap_servers, args.teacher_tasks, sft_cfg)
         rl, rl_wall, curve = rlbus_stage(workdir, broker.bootstrap_servers, sft, args.steps, args.eval_every,
                                          args.eval_tasks)
     bare = [] if args.skip_bare else bare_stage(

@@ -42,6 +42,8 @@ class InferenceConfig(Section):
     """Device of that server."""
     port: int = Field(0, ge=0)
     """Its port; 0: a free one."""
+    threads: int = Field(1, ge=1)
+    """torch intra-op threads of that server (1 suits tiny models on a small machine)."""
 
 
 class RunConfig(Settings):
@@ -126,9 +128,11 @@ class Dashboard:
     run_id: str
     url: str
     started: float = field(default_factory=time.monotonic)
+    refreshed: float = 0.0
     figures: dict[str, str] = field(default_factory=dict)
 
     def refresh(self) -> Table:
+        self.refreshed = time.monotonic()
         try:
             with open_store(self.url, read_only=True) as store:
                 self.figures = _figures(store, self.run_id)
@@ -171,6 +175,12 @@ def _figures(store: Any, run_id: str) -> dict[str, str]:
     return out
 
 
+def _final_step_stored(url: str, run_id: str, step: int) -> bool:
+    with open_store(url, read_only=True) as store:
+        query = "SELECT count() FROM train_steps FINAL WHERE run_id = {r:String} AND step = {s:UInt32}"
+        return bool(store.query(query, {"r": run_id, "s": step}).rows[0][0])
+
+
 class LocalRun:
     """Every role of a run as child processes; `run()` blocks until done, Ctrl-C or a failure."""
 
@@ -208,7 +218,8 @@ class LocalRun:
             port = self.cfg.inference.port or free_port()
             inference = self._start("inference", base, ["--model", str(Path(self.cfg.model).resolve()), "--port",
                                                         str(port), "--backend", self.cfg.inference.backend,
-                                                        "--device", self.cfg.inference.device])
+                                                        "--device", self.cfg.inference.device,
+                                                        "--threads", str(self.cfg.inference.threads)])
             url = f"http://127.0.0.1:{port}/v1"
             wait_for(lambda: _healthy(url), timeout_s, f"inference at {url}", processes=(inference,))
         trainer = self._start("trainer", base, run_args)
@@ -228,9 +239,13 @@ class LocalRun:
                 if not trainer.alive() and trainer.proc.returncode != 0:
                     trainer.check()
                 time.sleep(1.0)
-                live.update(dashboard.refresh())
-            # The last events (final step, evaluation) reach the store before the sink stops.
-            time.sleep(2 * base.store.flush_interval_s + 1)
+                if time.monotonic() - dashboard.refreshed > 3:  # its queries cost the sink CPU too
+                    live.update(dashboard.refresh())
+            if orchestrator.proc.returncode == 0:
+                # The last events (final step, evaluation) reach the store before the sink stops.
+                wait_for(lambda: _final_step_stored(base.store.url, self.cfg.run_id, self.cfg.max_steps), 60,
+                         "the final step in the store", processes=(sink,))
+                time.sleep(2 * base.store.flush_interval_s + 1)
             live.update(dashboard.refresh())
         if orchestrator.proc.returncode != 0:
             orchestrator.check()
@@ -278,8 +293,8 @@ async def run_in_process(cfg: RunConfig, base_dir: Path, extra: Sequence[Callabl
             for name, entry in cfg.envs.items():
                 env = load_environment(str(env_file(entry, name, base_dir, data_dir(cfg) / "runs" / cfg.run_id / "envs",
                                                     cfg.model, url)))
-                roles += [asyncio.create_task(run_env_producer(cfg, env, stop)),
-                          asyncio.create_task(run_judge(cfg, [env], stop))]
+                roles += [asyncio.create_task(run_env_producer(cfg, env, stop)) for _ in range(entry.producers)]
+                roles += [asyncio.create_task(run_judge(cfg, [env], stop)) for _ in range(entry.judges)]
             roles.append(asyncio.create_task(run_trainer(bus, TrainerWorker(
                 bus, session.trainer.step, session.checkpoints, session.state, session.hooks, cfg.run_id,
                 cfg.orchestrator.max_off_policy_steps, cfg.max_steps, asyncio.Event()))))
@@ -294,11 +309,13 @@ async def run_in_process(cfg: RunConfig, base_dir: Path, extra: Sequence[Callabl
     return orchestrator
 
 
-async def _stored(store: Any, run_id: str, step: int, timeout_s: float = 30) -> None:
+async def _stored(store: Any, run_id: str, step: int, timeout_s: float = 60) -> None:
     """Until the final TrainStep is in the store, then one more sink flush for what came with it."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     query = "SELECT count() FROM train_steps FINAL WHERE run_id = {r:String} AND step = {s:UInt32}"
-    while not store.query(query, {"r": run_id, "s": step}).rows[0][0] and loop.time() < deadline:
+    while not store.query(query, {"r": run_id, "s": step}).rows[0][0]:
+        if loop.time() > deadline:
+            raise TimeoutError(f"step {step} of run {run_id} did not reach the store in {timeout_s:.0f}s")
         await asyncio.sleep(0.2)
     await asyncio.sleep(1.5)

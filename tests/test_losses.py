@@ -6,8 +6,13 @@ import math
 
 import pytest
 import torch
-
-from rlbus.consumers.trainer.losses import LossConfig, TokenTensors, get_loss, mismatch_kl, supervised_loss
+from rlbus.consumers.trainer.losses import (
+    LossConfig,
+    TokenTensors,
+    get_loss,
+    mismatch_kl,
+    supervised_loss,
+)
 
 
 def lp(*probs: float) -> torch.Tensor:

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig, Context, Scored, group_advantages, make_algorithm
+from rlbus.consumers.orchestrator.algorithms import (
+    AlgorithmConfig,
+    Context,
+    Scored,
+    group_advantages,
+    make_algorithm,
+)
 from rlbus.consumers.orchestrator.join import Joiner
 from rlbus.consumers.orchestrator.worker import has_signal
 from rlbus.consumers.trainer import masks
-from rlbus.schemas import RolloutCompleted, RolloutScored, TokenRecord, TraceNode, TrainSample, derived_id
+from rlbus.schemas import (
+    RolloutCompleted,
+    RolloutScored,
+    TokenRecord,
+    TraceNode,
+    TrainSample,
+    derived_id,
+)
 from rlbus.schemas.packed import logprobs, mask, pack_logprobs, pack_mask, pack_tokens, tokens
 
 

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import numpy as np
 import typer
-from typer.testing import CliRunner
-
 from rlbus.bus.store import open_store
-from rlbus.commands.run import register
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.orchestrator.replay import stored_samples
 from rlbus.consumers.trainer import masks
 from rlbus.schemas import RolloutScored, TokenRecord, TraceNode, derived_id
 from rlbus.schemas.packed import mask, pack_logprobs, pack_tokens, tokens
+from typer.testing import CliRunner
+
+from rlbus.commands.run import register
 
 
 def two_turn_trace(rollout: str, seed: int) -> tuple[list[TraceNode], list[TokenRecord], list[int], list[int]]:

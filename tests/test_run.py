@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from rlbus.bus.store import open_store
-from rlbus.config import Settings, load_settings
 from rlbus.consumers.inference.model_init import init_model
+
+from rlbus.config import Settings, load_settings
 from rlbus.launcher import RunConfig, run_in_process
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from rlbus.bus import Bus
-from rlbus.config import Settings, settings_env
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.trainer import masks
 from rlbus.schemas import TrainBatch, TrainSample, derived_id
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
+
+from rlbus.config import Settings, settings_env
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 # The worker commands as `rlbus worker ...` runs them, assembled here so the test does not
@@ -59,7 +59,7 @@ def test_killed_trainer_resumes_and_trains_every_batch_once(settings: Settings, 
     log = tmp_path / "trainer.log"
 
     nothing = subprocess.run([sys.executable, "-c", CLI, "worker", "trainer", *args, "--resume"], capture_output=True,
-                             text=True, env={**os.environ, **settings_env(settings)}, timeout=120)
+                             text=True, env={**os.environ, **settings_env(settings)}, timeout=120, check=False)
     assert nothing.returncode == 2 and "nothing to resume" in nothing.stderr
 
     async def publish() -> None:
@@ -80,7 +80,7 @@ def test_killed_trainer_resumes_and_trains_every_batch_once(settings: Settings, 
     assert killed_at < steps, "the trainer finished before it could be killed; make the batches bigger"
 
     again = subprocess.run([sys.executable, "-c", CLI, "worker", "trainer", *args], capture_output=True, text=True,
-                           env={**os.environ, **settings_env(settings)}, timeout=120)
+                           env={**os.environ, **settings_env(settings)}, timeout=120, check=False)
     assert again.returncode == 2 and "--resume" in again.stderr  # never a silent fresh start
 
     second = trainer_process(settings, [*args, "--resume"], log)

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.trainer import masks
 from rlbus.consumers.trainer.batching import collate, pack
@@ -123,10 +122,10 @@ class RecordingBus:
     def __init__(self) -> None:
         self.events: list = []
 
-    async def publish(self, event) -> None:  # noqa: ANN001
+    async def publish(self, event) -> None:
         self.events.append(event)
 
-    async def publish_many(self, events) -> None:  # noqa: ANN001
+    async def publish_many(self, events) -> None:
         self.events.extend(events)
 
 
@@ -142,7 +141,7 @@ async def test_trainer_worker_never_trains_stale_samples_counts_them_and_skips_r
     session.state.step = 5  # training version 5, bound 2: versions 3..5 are fresh
     seen: list[list[int]] = []
 
-    def step(samples, version):  # noqa: ANN001, ANN202
+    def step(samples, version):
         seen.append([s.policy_version for s in samples])
         return session.trainer.step(samples, version)
 

@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from rlbus.bus import free_port
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.trainer import masks

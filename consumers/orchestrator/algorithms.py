@@ -17,11 +17,11 @@ from typing import Protocol
 import msgspec
 import numpy as np
 from pydantic import Field
-
-from rlbus.config import Section
 from rlbus.consumers.trainer import masks
 from rlbus.schemas import RolloutCompleted, RolloutScored, TrainSample
 from rlbus.schemas.packed import logprobs, mask, pack_logprobs, pack_mask, tokens
+
+from rlbus.config import Section
 
 
 class AlgorithmConfig(Section):

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import msgspec
-
 from rlbus.producers.env import Environment
 from rlbus.schemas import TaskPublished, derived_id
 

@@ -13,7 +13,6 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from rlbus.bus import Bus, Delivery
 from rlbus.consumers.orchestrator.algorithms import Algorithm
 from rlbus.consumers.orchestrator.config import OrchestratorConfig
@@ -21,7 +20,14 @@ from rlbus.consumers.orchestrator.join import Group, Joiner
 from rlbus.consumers.orchestrator.tasks import EVAL_VERSION, SPLIT, TaskSource
 from rlbus.consumers.trainer.staleness import filter_stale
 from rlbus.producers.rollouts import group_id_of
-from rlbus.schemas import TaskPublished, TrainBatch, TrainSample, WeightLoaded, WeightVersion, derived_id
+from rlbus.schemas import (
+    TaskPublished,
+    TrainBatch,
+    TrainSample,
+    WeightLoaded,
+    WeightVersion,
+    derived_id,
+)
 from rlbus.schemas.packed import logprobs, mask, tokens
 
 log = logging.getLogger(__name__)
@@ -173,8 +179,9 @@ class Orchestrator:
             elif self.served >= self.awaiting_version:
                 await self._publish_tasks(self.cfg.tasks_per_step)
                 self.collecting = True
-        if self.trained >= self.max_steps and not any(e.pending for e in self.evaluations.values()) \
-                and self._final_evaluated():
+        # Done once inference serves the final weights and the final evaluation is scored.
+        if min(self.trained, self.served) >= self.max_steps and self._final_evaluated() \
+                and not any(e.pending for e in self.evaluations.values()):
             self.done.set()
 
     def _final_evaluated(self) -> bool:

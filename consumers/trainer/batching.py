@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
 from rlbus.schemas import TrainSample
 from rlbus.schemas.packed import logprobs, mask, tokens
 
@@ -65,7 +64,7 @@ def collate(samples: Sequence[TrainSample]) -> MicroBatch:
     lengths = [_check(s) for s in samples]
     rows, width = len(samples), max(lengths)
 
-    def padded(field: str, unpack, dtype) -> np.ndarray:  # noqa: ANN001 - one of the packed views
+    def padded(field: str, unpack, dtype) -> np.ndarray:
         out = np.zeros((rows, width), dtype=dtype)
         for r, s in enumerate(samples):
             values = unpack(getattr(s, field))

@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
-
 from rlbus.consumers.trainer import masks
 from rlbus.consumers.trainer.batching import MicroBatch, micro_batches
 from rlbus.consumers.trainer.config import OptimConfig, TrainerConfig
@@ -23,6 +21,7 @@ from rlbus.consumers.trainer.distributed import Ranks, SingleProcess
 from rlbus.consumers.trainer.losses import TokenTensors, get_loss, mismatch_kl, supervised_loss
 from rlbus.consumers.trainer.model import token_logprobs
 from rlbus.schemas import TrainSample
+from torch import nn
 
 
 @dataclass
@@ -88,7 +87,7 @@ class Trainer:
         sums = {
             "policy_tokens": policy.sum().float(),
             "supervised_tokens": supervised.sum().float(),
-            "entropy": entropy[policy | supervised].sum(),
+            "entropy": entropy.sum(),
             "fresh_tokens": fresh.sum().float(),
             "mismatch_kl": mismatch_kl(logprobs[fresh], mb_dev.inference_logprobs[fresh]),
             "off_policy_kl": mismatch_kl(logprobs[policy], mb_dev.inference_logprobs[policy]),

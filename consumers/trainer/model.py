@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch import nn
-
 from rlbus.consumers.trainer.batching import MicroBatch
 from rlbus.consumers.trainer.config import LoraConfig
+from torch import nn
 
 
 def load_policy(path: str | Path, lora: LoraConfig, device: str = "cpu") -> nn.Module:
@@ -44,17 +43,19 @@ def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def token_logprobs(model: nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, T] log-probs of each token given the tokens before it, under logits / temperature,
-    and the entropy of that distribution (no grad). Position 0 has no prefix: both are 0."""
+    """[B, T] log-probs of each token given the tokens before it, under logits / temperature
+    (position 0 has no prefix: 0), and the entropy of that distribution at the loss positions
+    only ([n], no grad: over every position it costs as much as the loss itself)."""
     logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()
     logits = logits / mb.temperature.to(logits.device)[:, None, None]
     log_dist = torch.log_softmax(logits, dim=-1)
     targets = mb.input_ids[:, 1:].to(logits.device)
     picked = log_dist.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
-        entropy = -(log_dist.exp() * log_dist).sum(-1)
+        at_loss = log_dist[mb.loss_mask[:, 1:].to(logits.device) > 0]
+        entropy = -(at_loss.exp() * at_loss).sum(-1)
     zero = torch.zeros(picked.shape[0], 1, device=picked.device)
-    return torch.cat([zero, picked], dim=1), torch.cat([zero, entropy], dim=1)
+    return torch.cat([zero, picked], dim=1), entropy
 
 
 def save_model(model: nn.Module, out: str | Path, source: str | Path) -> None:

@@ -10,19 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
-
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, NothingToResume, TrainerState
 from rlbus.consumers.trainer.config import TrainerConfig
 from rlbus.consumers.trainer.distributed import TorchRanks
 from rlbus.consumers.trainer.engine import Trainer
 from rlbus.consumers.trainer.model import full_weights, load_policy
 from rlbus.consumers.trainer.worker import Hooks
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 from pathlib import Path
 
 from rlbus.bus import Bus
 from rlbus.bus.store import Store, open_store
-from rlbus.config import Settings
 from rlbus.consumers.judge import run_judge
 from rlbus.consumers.orchestrator.tasks import Source, TaskSource
 from rlbus.consumers.sink import run_sink
@@ -24,10 +24,15 @@ from rlbus.producers.env import load_environment
 from rlbus.producers.interception.scripted import ScriptedModel, ScriptedServer
 from rlbus.producers.worker import run_env_producer
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from terse import terse_template
+
+from rlbus.config import Settings
+
 HERE = Path(__file__).resolve().parent
 IM_END = 258
 """<|im_end|> of the byte tokenizer (`rlbus model init`): ends an assistant turn."""
-ASK = re.compile(rb"Reverse the text: ([a-z]+)")
+WORD = re.compile(rb"([a-z]+)")
 
 HELD_OUT_SQL = """
 SELECT JSONExtractInt(r.info, 'eval_version') AS version,
@@ -58,15 +63,23 @@ GROUP BY version ORDER BY version
 
 
 def teacher_tokens(prompt_ids: list[int]) -> list[int]:
-    """The correct answer to the last reverse request in the prompt, as byte tokens + <|im_end|>."""
-    text = bytes(i for i in prompt_ids if i < 256)
-    asks = ASK.findall(text)
-    return [*asks[-1][::-1], IM_END] if asks else [IM_END]
+    """The correct answer to the last word in the prompt, as byte tokens + <|im_end|>."""
+    words = WORD.findall(bytes(i for i in prompt_ids if i < 256))
+    return [*words[-1][::-1], IM_END] if words else [IM_END]
+
+
+def init_terse_model(path: Path, seed: int = 0) -> Path:
+    """`rlbus model init` (tiny llama, byte tokenizer) with the terse chat template."""
+    from rlbus.consumers.inference.model_init import init_model
+
+    init_model(path, seed=seed)
+    terse_template(path)
+    return path
 
 
 def train_tasks(settings: Settings, n: int, seed: int = 1) -> list:
     """`n` training-split tasks (never one of the held-out ones the RL run evaluates on)."""
-    env = load_environment(str(HERE / "env.toml"))
+    env = load_environment(str(HERE / "terse.toml"))
     source = TaskSource([Source(env, 1.0)], settings.run_id, held_out_fraction=0.05, seed=seed)
     return [source.next_train() for _ in range(n)]
 
@@ -74,7 +87,7 @@ def train_tasks(settings: Settings, n: int, seed: int = 1) -> list:
 async def collect_teacher(settings: Settings, model: Path, n: int, timeout_s: float = 300) -> int:
     """Run `n` training tasks with the scripted teacher; returns how many were scored in the store."""
     with ScriptedServer(ScriptedModel(tokens=teacher_tokens, model="teacher", record=False)) as teacher:
-        env = load_environment(str(HERE / "env.toml"), {
+        env = load_environment(str(HERE / "terse.toml"), {
             "group_size": 1, "max_concurrent_rollouts": 128,
             "sampling": {"temperature": 1.0, "max_tokens": 16},
             "model": {"name": "teacher", "base_url": teacher.url + "/v1", "mode": "train", "tokenizer": str(model)}})

@@ -12,7 +12,14 @@ from pydantic import Field
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlbus.bus import Bus
-from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, console, err_console, run_until_signal
+from rlbus.commands.common import (
+    OVERRIDES,
+    OVERRIDES_HELP,
+    ConfigOption,
+    console,
+    err_console,
+    run_until_signal,
+)
 from rlbus.config import ConfigError, Settings, load_settings
 from rlbus.consumers.trainer.config import TrainerConfig
 from rlbus.launcher import LocalRun, RunConfig
