@@ -161,7 +161,7 @@ def main() -> None:
     parser.add_argument("--max-off-policy", type=int, default=4)
     parser.add_argument("--median-s", type=float, default=0.3, help="median scripted inference delay")
     parser.add_argument("--sigma", type=float, default=1.2, help="log-normal sigma of the delay")
-    parser.add_argument("--producers", type=int, default=16,
+    parser.add_argument("--producers", type=int, default=4,
                         help="env producers, one per tasks partition: each handles a poll's tasks as a whole, so "
                              "more of them keep one slow rollout from holding back the rest")
     parser.add_argument("--seed", type=int, default=0)

@@ -94,3 +94,15 @@ def test_sink_killed_mid_stream_loses_and_duplicates_nothing(settings: Settings,
         second.stop()
     assert (final_rows, distinct) == (total, total)
     assert stored_ids == {e.event_id for e in events}
+
+
+def test_same_offsets_from_a_fresh_broker_are_not_taken_for_a_replay() -> None:
+    """An embedded broker numbers offsets from 0 on every start while the store persists:
+    equal offset ranges with different events must not share a dedup token."""
+    from rlbus.bus import Delivery
+    from rlbus.consumers.sink import dedup_token
+
+    first, second = (make_event(TokenRecord, i) for i in (1, 2))
+    block = dedup_token("tokens", [Delivery(first, "tokens", 0, 0)])
+    assert block == dedup_token("tokens", [Delivery(first, "tokens", 0, 0)])  # a replay: dropped
+    assert block != dedup_token("tokens", [Delivery(second, "tokens", 0, 0)])  # a new run: stored

@@ -9,6 +9,7 @@ are ReplacingMergeTree ordered by immutable ids).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections import defaultdict
 
@@ -23,12 +24,16 @@ GROUP = "sink"
 
 
 def dedup_token(table: str, deliveries: list[Delivery]) -> str:
-    """`table|topic:partition:first-last|...`: the same replayed block gets the same token."""
+    """`table|topic:partition:first-last|...#digest`: the same replayed block gets the same
+    token. The digest of the block's event ids keeps blocks apart whose offsets coincide but
+    whose events do not: a fresh embedded broker numbers its offsets from 0 again while the
+    store keeps the previous run's blocks."""
     offsets: dict[tuple[str, int], list[int]] = defaultdict(list)
     for d in deliveries:
         offsets[(d.topic, d.partition)].append(d.offset)
     parts = [f"{t}:{p}:{min(o)}-{max(o)}" for (t, p), o in sorted(offsets.items())]
-    return "|".join([table, *parts])
+    digest = hashlib.blake2b("".join(d.event.event_id for d in deliveries).encode(), digest_size=8).hexdigest()
+    return "|".join([table, *parts]) + "#" + digest
 
 
 class Sink:

@@ -26,12 +26,15 @@ def load_policy(path: str | Path, lora: LoraConfig, device: str = "cpu") -> nn.M
     return model
 
 
+def _is_peft(model: nn.Module) -> bool:
+    """Without importing peft, which only LoRA runs need installed."""
+    return type(model).__module__.startswith("peft.")
+
+
 def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every weight under the base model's own names (what inference loads): LoRA adapters are
     merged into a copy, so training goes on with the adapters separate."""
-    from peft import PeftModel
-
-    if not isinstance(model, PeftModel):
+    if not _is_peft(model):
         return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     model.merge_adapter()
     try:
@@ -60,9 +63,8 @@ def token_logprobs(model: nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torc
 
 def save_model(model: nn.Module, out: str | Path, source: str | Path) -> None:
     """A plain Hugging Face directory (LoRA merged) with the source model's tokenizer."""
-    from peft import PeftModel
     from transformers import AutoTokenizer
 
-    plain = model.merge_and_unload() if isinstance(model, PeftModel) else model
+    plain = model.merge_and_unload() if _is_peft(model) else model
     plain.save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(source).save_pretrained(out)
