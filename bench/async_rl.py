@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples" / "reverse_text"))
+sys.path.insert(0, str(ROOT / "examples"))
 
 import recipe
 from rich.console import Console
@@ -38,7 +38,7 @@ from rlbus.consumers.trainer.batching import micro_batches
 from rlbus.consumers.trainer.config import TrainerConfig
 from rlbus.consumers.trainer.engine import Trainer
 from rlbus.consumers.trainer.model import load_policy
-from rlbus.producers.interception.scripted import ScriptedModel, ThreadedServer, _App
+from rlbus.producers.interception.scripted import ScriptedModel, ScriptedServer
 from rlbus.schemas import TrainBatch, WeightLoaded, WeightVersion, derived_id
 
 from rlbus.config import load_settings
@@ -48,19 +48,11 @@ console = Console()
 EXAMPLE = ROOT / "examples" / "reverse_text"
 
 
-class LogNormalDelay:
-    """ASGI middleware: each request waits exp(N(log median, sigma)) seconds first."""
-
-    def __init__(self, app, median_s: float, sigma: float, seed: int):
-        self.app = app
-        self.mu = np.log(median_s)
-        self.sigma = sigma
-        self.rng = random.Random(seed)
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
-            await asyncio.sleep(self.rng.lognormvariate(self.mu, self.sigma))
-        await self.app(scope, receive, send)
+def lognormal_delay(median_s: float, sigma: float, seed: int):
+    """Seconds per inference call drawn from exp(N(log median, sigma)): most quick, a few very slow."""
+    rng = random.Random(seed)
+    mu = np.log(median_s)
+    return lambda: rng.lognormvariate(mu, sigma)
 
 
 def half_right(seed: int):
@@ -68,7 +60,7 @@ def half_right(seed: int):
     rng = random.Random(seed)
 
     def tokens(prompt_ids: list[int]) -> list[int]:
-        answer = recipe.teacher_tokens(prompt_ids)
+        answer = recipe.reverse_teacher(prompt_ids)
         return answer if rng.random() < 0.5 else [*answer[:-2][::-1], recipe.IM_END]
 
     return tokens
@@ -92,11 +84,12 @@ def acknowledge(scripted: ScriptedModel, run_id: str):
 
 def run_mode(mode: str, workdir: Path, bootstrap: str, model: Path, args: argparse.Namespace) -> dict:
     run_id = f"bench-{mode}"
-    scripted = ScriptedModel(tokens=half_right(args.seed), model="scripted", record=False)
-    with ThreadedServer(LogNormalDelay(_App(scripted), args.median_s, args.sigma, args.seed)) as server:
+    scripted = ScriptedModel(tokens=half_right(args.seed), model="scripted", record=False,
+                             delay_s=lognormal_delay(args.median_s, args.sigma, args.seed))
+    with ScriptedServer(scripted) as server:
         cfg = load_settings(EXAMPLE / "rl.toml", model=RunConfig, overrides={
             "run_id": run_id, "model": str(model), "max_steps": args.steps,
-            "kafka": {"bootstrap_servers": bootstrap, "partitions": args.producers},
+            "kafka": {"bootstrap_servers": bootstrap, "partitions": args.producers, "topic_prefix": f"{run_id}."},
             "store": {"url": f"chdb://{workdir / 'store'}"}, "claim_check": {"url": str(workdir / "claims")},
             "inference": {"url": server.url + "/v1"},
             "orchestrator": {"mode": mode, "tasks_per_step": args.tasks_per_step, "eval_every": 0,
@@ -161,9 +154,7 @@ def main() -> None:
     parser.add_argument("--max-off-policy", type=int, default=4)
     parser.add_argument("--median-s", type=float, default=0.3, help="median scripted inference delay")
     parser.add_argument("--sigma", type=float, default=1.2, help="log-normal sigma of the delay")
-    parser.add_argument("--producers", type=int, default=4,
-                        help="env producers, one per tasks partition: each handles a poll's tasks as a whole, so "
-                             "more of them keep one slow rollout from holding back the rest")
+    parser.add_argument("--producers", type=int, default=1, help="env producers (one per tasks partition)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="rlbus-async-"))

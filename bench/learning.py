@@ -1,6 +1,6 @@
 """Learning through the event log vs a bare in-process loop, same recipe, same run.
 
-    python bench/learning.py [--steps 200] [--workdir DIR]
+    python bench/learning.py [--example reverse_text|caesar] [--steps 200] [--workdir DIR]
 
 1. a tiny model from `rlbus model init`; a scripted teacher answers training tasks through
    the env producer / judge / sink pipeline; SFT on those rollouts replayed from ClickHouse;
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples" / "reverse_text"))
+sys.path.insert(0, str(ROOT / "examples"))
 
 import recipe
 from rich.console import Console
@@ -52,8 +52,6 @@ from rlbus.config import load_settings
 from rlbus.launcher import LocalRun, RunConfig
 
 console = Console()
-RL_CONFIG = ROOT / "examples" / "reverse_text" / "rl.toml"
-SFT_CONFIG = ROOT / "examples" / "reverse_text" / "sft.toml"
 
 
 def settings_for(workdir: Path, bootstrap: str, run_id: str) -> dict:
@@ -61,14 +59,15 @@ def settings_for(workdir: Path, bootstrap: str, run_id: str) -> dict:
             "store": {"url": f"chdb://{workdir / 'store'}"}, "claim_check": {"url": str(workdir / "claims")}}
 
 
-def sft_stage(workdir: Path, bootstrap: str, teacher_tasks: int, sft: ReplayConfig) -> tuple[Path, float]:
+def sft_stage(example: recipe.Example, workdir: Path, bootstrap: str, teacher_tasks: int,
+              sft: ReplayConfig) -> tuple[Path, float]:
     """Teacher rollouts -> store -> SFT model; returns its path and the seconds it took."""
     started = time.monotonic()
     init = recipe.init_terse_model(workdir / "init", seed=0)
     settings = load_settings(overrides=settings_for(workdir, bootstrap, "teacher"))
-    scored = asyncio.run(recipe.collect_teacher(settings, init, teacher_tasks))
+    scored = asyncio.run(recipe.collect_teacher(example, settings, init, teacher_tasks))
     with open_store(settings.store.url, read_only=True) as store:
-        samples = asyncio.run(stored_samples(store, "reward >= 1 AND env = 'reverse_text'", "teacher"))
+        samples = asyncio.run(stored_samples(store, f"reward >= 1 AND env = '{example.name}'", "teacher"))
     console.print(f"teacher: {scored} rollouts scored, {len(samples)} SFT samples from the store")
     out = workdir / "sft"
     results = train_sft(samples, init, out, sft.trainer, steps=sft.steps, batch_size=sft.batch_size, seed=sft.seed)
@@ -82,15 +81,16 @@ def rl_overrides(workdir: Path, model: Path, steps: int, run_id: str, eval_every
             "--orchestrator.eval-every", str(eval_every), "--orchestrator.eval-tasks", str(eval_tasks)]
 
 
-def rlbus_stage(workdir: Path, bootstrap: str, model: Path, steps: int, eval_every: int,
+def rlbus_stage(example: recipe.Example, workdir: Path, bootstrap: str, model: Path, steps: int, eval_every: int,
                 eval_tasks: int) -> tuple[list[tuple[float, int, float]], float, list[tuple]]:
     """GRPO through rlbus; returns [(seconds since start, version, held-out exact)], wall seconds, reward curve."""
     overrides = [*rl_overrides(workdir, model, steps, "rl", eval_every, eval_tasks),
                  "--kafka.bootstrap-servers", bootstrap]
-    cfg = load_settings(RL_CONFIG, overrides, model=RunConfig)
+    rl_config = example.dir / "rl.toml"
+    cfg = load_settings(rl_config, overrides, model=RunConfig)
     assert isinstance(cfg, RunConfig)
     started = time.time()
-    code = LocalRun(cfg.check(), RL_CONFIG, overrides, resume=False, console=console).run(timeout_s=900)
+    code = LocalRun(cfg.check(), rl_config, overrides, resume=False, console=console).run(timeout_s=900)
     wall = time.time() - started
     if code != 0:
         raise RuntimeError(f"rlbus run exited {code}")
@@ -103,13 +103,13 @@ def rlbus_stage(workdir: Path, bootstrap: str, model: Path, steps: int, eval_eve
     return points, wall, curve
 
 
-def bare_stage(model: Path, steps: int, eval_every: int, eval_tasks: int, group_size: int, tasks_per_step: int,
-               lr: float, max_tokens: int) -> list[tuple[float, int, float]]:
+def bare_stage(example: recipe.Example, model: Path, steps: int, eval_every: int, eval_tasks: int, group_size: int,
+               tasks_per_step: int, lr: float, max_tokens: int) -> list[tuple[float, int, float]]:
     """The same GRPO in one process: HF sampling, the env's own rewards, the same trainer step."""
     from transformers import AutoTokenizer
 
     torch.manual_seed(0)
-    env = load_environment(str(recipe.HERE / "terse.toml"))
+    env = load_environment(example.env_path)
     scorer = Scorer(env)
     tok = AutoTokenizer.from_pretrained(model)
     policy = load_policy(model, TrainerConfig().lora)
@@ -181,7 +181,7 @@ def time_to(points: list[tuple[float, int, float]], target: float) -> float | No
     return next((t for t, _, exact in points if exact >= target), None)
 
 
-def plot(path: Path, rl: list, bare: list, curve: list) -> None:
+def plot(path: Path, title: str, rl: list, bare: list, curve: list) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -190,10 +190,10 @@ def plot(path: Path, rl: list, bare: list, curve: list) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for points, label in ((rl, "rlbus (bus + store + processes)"), (bare, "bare in-process loop")):
         a.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=label)
-    a.set(xlabel="RL wall time (s)", ylabel="held-out exact match", title="reverse_text: held-out exact match")
+    a.set(xlabel="RL wall time (s)", ylabel="held-out exact match", title=f"{title}: held-out exact match")
     a.legend()
     b.plot([c[0] for c in curve], [c[1] for c in curve], label="exact match")
-    b.plot([c[0] for c in curve], [c[2] for c in curve], label="reward (exact + 0.5 partial + 0.25 concise)")
+    b.plot([c[0] for c in curve], [c[2] for c in curve], label="reward (all of the env's rewards, weighted)")
     b.set(xlabel="policy version that sampled the rollouts", title="training rollouts (from ClickHouse)")
     b.legend()
     fig.tight_layout()
@@ -202,29 +202,31 @@ def plot(path: Path, rl: list, bare: list, curve: list) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--example", choices=sorted(recipe.BY_NAME), default="reverse_text")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--eval-tasks", type=int, default=256)
     parser.add_argument("--teacher-tasks", type=int, default=4096)
-    parser.add_argument("--sft-steps", type=int, default=None, help="default: examples/reverse_text/sft.toml's")
+    parser.add_argument("--sft-steps", type=int, default=None, help="default: the example's sft.toml")
     parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--plot", type=Path, default=ROOT / "examples" / "reverse_text" / "learning.png")
+    parser.add_argument("--plot", type=Path, default=None, help="default: EXAMPLE/learning.png")
     parser.add_argument("--skip-bare", action="store_true")
     args = parser.parse_args()
+    example = recipe.BY_NAME[args.example]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rlbus-learning-"))
-    rl_cfg = load_settings(RL_CONFIG, ["--model", "x"], model=RunConfig)
+    rl_cfg = load_settings(example.dir / "rl.toml", ["--model", "x"], model=RunConfig)
     assert isinstance(rl_cfg, RunConfig)
-    env_over = rl_cfg.envs["reverse_text"].overrides
+    env = load_environment(example.env_path, rl_cfg.envs[example.name].overrides)
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
-        sft_cfg = load_settings(SFT_CONFIG, [] if args.sft_steps is None else ["--steps", str(args.sft_steps)],
-                                model=ReplayConfig)
+        sft_cfg = load_settings(example.dir / "sft.toml",
+                                [] if args.sft_steps is None else ["--steps", str(args.sft_steps)], model=ReplayConfig)
         assert isinstance(sft_cfg, ReplayConfig)
-        sft, sft_s = sft_stage(workdir, broker.bootstrap_servers, args.teacher_tasks, sft_cfg)
-        rl, rl_wall, curve = rlbus_stage(workdir, broker.bootstrap_servers, sft, args.steps, args.eval_every,
+        sft, sft_s = sft_stage(example, workdir, broker.bootstrap_servers, args.teacher_tasks, sft_cfg)
+        rl, rl_wall, curve = rlbus_stage(example, workdir, broker.bootstrap_servers, sft, args.steps, args.eval_every,
                                          args.eval_tasks)
     bare = [] if args.skip_bare else bare_stage(
-        sft, args.steps, args.eval_every, args.eval_tasks, env_over["group_size"], rl_cfg.orchestrator.tasks_per_step,
-        rl_cfg.trainer.optim.lr, env_over["sampling"]["max_tokens"])
+        example, sft, args.steps, args.eval_every, args.eval_tasks, env.config.group_size,
+        rl_cfg.orchestrator.tasks_per_step, rl_cfg.trainer.optim.lr, env.config.sampling.max_tokens or 16)
     table = Table("version", "rlbus s", "rlbus exact", "bare s", "bare exact", title="held-out exact match")
     bare_at = {v: (t, e) for t, v, e in bare}
     for t, v, e in rl:
@@ -233,8 +235,9 @@ def main() -> None:
     console.print(table)
     console.print(f"SFT stage {sft_s:.0f}s; rlbus RL wall time {rl_wall:.0f}s (startup and final eval included)")
     console.print(f"held-out exact match SQL:\n{recipe.HELD_OUT_SQL}")
-    plot(args.plot, rl, bare, curve)
-    console.print(f"plot: {args.plot}; store: {workdir / 'store'}")
+    plot_path = args.plot or example.dir / "learning.png"
+    plot(plot_path, example.name, rl, bare, curve)
+    console.print(f"plot: {plot_path}; store: {workdir / 'store'}")
     gain = rl[-1][2] - rl[0][2]
     ratio = float("nan")
     if bare:

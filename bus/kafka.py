@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -38,18 +38,23 @@ KIND = "rlbus-kind"
 
 
 class Holds:
-    """Offsets a handler has taken but not finished (a judge's incomplete group, say). No
-    partition is committed past its oldest held offset, so after a crash those messages
-    come back instead of being lost with the handler's memory."""
+    """Offsets taken but not finished: a judge's incomplete group, an env producer's rollout
+    still running. No partition is committed past its oldest held offset, so after a crash
+    those messages come back instead of being lost with the handler's memory. Counted, so the
+    consumer's own hold on a running event and a handler's `Delivery.hold()` are independent."""
 
     def __init__(self) -> None:
-        self._held: dict[tuple[str, int], set[int]] = defaultdict(set)
+        self._held: dict[tuple[str, int], Counter[int]] = defaultdict(Counter)
 
     def add(self, topic: str, partition: int, offset: int) -> None:
-        self._held[(topic, partition)].add(offset)
+        self._held[(topic, partition)][offset] += 1
 
     def discard(self, topic: str, partition: int, offset: int) -> None:
-        self._held[(topic, partition)].discard(offset)
+        held = self._held[(topic, partition)]
+        if held[offset] > 1:
+            held[offset] -= 1
+        else:
+            held.pop(offset, None)
 
     def limit(self, topic: str, partition: int) -> int | None:
         """The oldest held offset of a partition, if any."""
@@ -268,13 +273,18 @@ class Bus:
     ) -> None:
         """Consume `topics` (unprefixed) as consumer group `group` until `stop` is set.
 
-        Give `on_batch` (one call per poll, e.g. the sink) or `on_event` (one call per
-        event, up to `concurrency` at once, each in its own trace span). Polls are
-        gathered until `batch_rows` records or `batch_wait_s` since the first one (the
-        sink's size-and-time batching); their offsets are committed after the handler
-        returned. `handler_errors="raise"` suits handlers whose failures are about
-        infrastructure, not the event (the sink's store): the consumer stops uncommitted,
-        and a restart redelivers, instead of dead-lettering good events.
+        `on_batch`: one call per poll (the sink, the orchestrator). Polls are gathered until
+        `batch_rows` records or `batch_wait_s` since the first one; the next poll is fetched
+        while a batch is handled; batches are handled in order, each committed after it.
+
+        `on_event`: one call per event, up to `concurrency` at once, each in its own trace
+        span. Polling goes on while handlers run, whenever a slot is free, so one slow event
+        (a three-hour rollout) never stalls the others; each partition is committed up to its
+        oldest event still running.
+
+        `handler_errors="raise"` suits handlers whose failures are about infrastructure, not
+        the event (the sink's store): the consumer stops uncommitted, and a restart
+        redelivers, instead of dead-lettering good events.
         """
         if (on_batch is None) == (on_event is None):
             raise ValueError("give exactly one of on_batch or on_event")
@@ -292,84 +302,120 @@ class Bus:
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=kafka.max_request_size,
             fetch_max_bytes=max(kafka.max_request_size, 50 * 1024 * 1024),
-            max_poll_interval_ms=30 * 60 * 1000,  # env producers may hold a poll for long rollouts
+            max_poll_interval_ms=30 * 60 * 1000,
         )
         await consumer.start()
-        prefix = len(kafka.topic_prefix)
-        seen = _SeenIds() if dedup else None
-        holds = Holds()
-        progress: dict[TopicPartition, int] = {}
-        """Next offset to read, per partition, after the batches handled so far."""
-        handle = on_batch or self._per_event(on_event, concurrency or 64)  # type: ignore[arg-type]
+        position = _Position(self, consumer, group, seen=_SeenIds() if dedup else None)
+        try:
+            if on_event is not None:
+                await self._consume_each(position, on_event, stop, concurrency or 64,
+                                         max_records or kafka.fetch_max_records, poll_timeout_ms, handler_errors)
+            else:
+                assert on_batch is not None
+                await self._consume_batches(position, on_batch, stop, max_records or kafka.fetch_max_records,
+                                            poll_timeout_ms, batch_rows, batch_wait_s, handler_errors)
+        finally:
+            await consumer.stop()
+
+    async def _consume_batches(self, position: _Position, handle: BatchHandler, stop: asyncio.Event,
+                               max_records: int, poll_timeout_ms: int, batch_rows: int, batch_wait_s: float,
+                               handler_errors: Literal["dead_letter", "raise"]) -> None:
         in_flight: asyncio.Task[None] | None = None
+
+        async def finish(good: list[tuple[ConsumerRecord, Delivery]], dead: list[DeadLetter],
+                         offsets: dict[TopicPartition, int]) -> None:
+            if good and handler_errors == "raise":
+                await handle([d for _, d in good])
+            elif good:
+                dead.extend(await self._handle(position.group, handle, good))
+            if dead:
+                await self.publish_many(dead)
+            position.progress.update(offsets)
+            await position.commit()
+
         try:
             while not stop.is_set():
-                polled = await self._gather(consumer, stop, poll_timeout_ms,
-                                            max_records or kafka.fetch_max_records, batch_rows, batch_wait_s)
+                polled = await self._gather(position.consumer, stop, poll_timeout_ms, max_records,
+                                            batch_rows, batch_wait_s)
                 if in_flight is not None and in_flight.done():
                     in_flight.result()  # a failed batch stops the consumer now, not after the next poll
                 if not polled:
                     continue
-                good, dead = self._decode_all(group, polled, prefix, seen, holds)
+                good, dead = position.decode(polled)
                 offsets = {tp: records[-1].offset + 1 for tp, records in polled.items()}
-                # The next batch is fetched while this one is handled; batches are still
-                # handled one at a time, in order, each committed only after its handling.
                 if in_flight is not None:
                     await in_flight
-                in_flight = asyncio.create_task(
-                    self._finish(consumer, group, handle, handler_errors, good, dead, offsets, progress, holds))
+                in_flight = asyncio.create_task(finish(good, dead, offsets))
             if in_flight is not None:
                 await in_flight
         finally:
             if in_flight is not None and not in_flight.done():
                 in_flight.cancel()  # uncommitted: redelivered to whoever consumes next
                 await asyncio.gather(in_flight, return_exceptions=True)
-            await consumer.stop()
 
-    def _decode_all(self, group: str, polled: dict[TopicPartition, list[ConsumerRecord]], prefix: int,
-                    seen: _SeenIds | None,
-                    holds: Holds) -> tuple[list[tuple[ConsumerRecord, Delivery]], list[DeadLetter]]:
-        good: list[tuple[ConsumerRecord, Delivery]] = []
+    async def _consume_each(self, position: _Position, on_event: EventHandler, stop: asyncio.Event,
+                            concurrency: int, max_records: int, poll_timeout_ms: int,
+                            handler_errors: Literal["dead_letter", "raise"]) -> None:
+        running: set[asyncio.Task[None]] = set()
         dead: list[DeadLetter] = []
-        for tp, records in polled.items():
-            topic = tp.topic[prefix:]
-            for record in records:
-                try:
-                    event = self._decode(topic, record)
-                except Exception as exc:  # noqa: BLE001 - any decode failure is a dead letter
-                    dead.append(self._dead_letter(group, topic, record, f"decode: {exc}"))
-                    continue
-                if seen is not None and not seen.add(event.event_id):
-                    continue
-                good.append((record, Delivery(event, topic, record.partition, record.offset,
-                                              record.key, tuple(record.headers or ()), holds)))
-        return good, dead
+        finished = 0
 
-    async def _finish(self, consumer: AIOKafkaConsumer, group: str, handle: BatchHandler,
-                      handler_errors: Literal["dead_letter", "raise"], good: list[tuple[ConsumerRecord, Delivery]],
-                      dead: list[DeadLetter], offsets: dict[TopicPartition, int],
-                      progress: dict[TopicPartition, int], holds: Holds) -> None:
-        if good and handler_errors == "raise":
-            await handle([d for _, d in good])
-        elif good:
-            dead.extend(await self._handle(group, handle, good))
-        if dead:
-            await self.publish_many(dead)
-        progress.update(offsets)
-        assigned = consumer.assignment()
-        for tp in [tp for tp in progress if tp not in assigned]:
-            del progress[tp]  # revoked: its new owner resumes from the last commit
-        prefix = len(self.settings.kafka.topic_prefix)
-        commit = {}
-        for tp, next_offset in progress.items():
-            held = holds.limit(tp.topic[prefix:], tp.partition)
-            commit[tp] = OffsetAndMetadata(next_offset if held is None else min(held, next_offset), "")
+        async def run(record: ConsumerRecord, d: Delivery) -> None:
+            nonlocal finished
+            parent = telemetry.extract_context(d.headers) if telemetry.enabled() else None
+            try:
+                with telemetry.span(f"process {d.topic}", SpanKind.CONSUMER, parent=parent,
+                                    attributes={"messaging.system": "kafka", "rlbus.event_id": d.event.event_id}):
+                    await on_event(d)
+            except Exception as exc:
+                if handler_errors == "raise":
+                    raise
+                reason = f"handler: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
+                dead.append(self._dead_letter(position.group, d.topic, record, reason))
+            # Not in a `finally`: a handler cancelled at stop keeps its hold, so the commit
+            # below never passes it and the event is redelivered.
+            position.holds.discard(d.topic, d.partition, d.offset)
+            finished += 1
+
+        async def settle() -> None:
+            """Dead letters out first, then commit every partition up to its oldest running event."""
+            nonlocal finished
+            for task in [t for t in running if t.done()]:
+                running.discard(task)
+                task.result()  # handler_errors="raise": stop the consumer, uncommitted
+            if dead:
+                letters = dead[:]
+                await self.publish_many(letters)
+                del dead[:len(letters)]
+            if finished:
+                finished = 0
+                await position.commit()
+
         try:
-            await consumer.commit(commit)
-        except CommitFailedError:
-            # A rebalance moved these partitions away meanwhile; their new owner redelivers
-            # from the last commit, and handling is idempotent.
-            log.warning("commit failed after a rebalance in group %s; the batch will be redelivered", group)
+            while not stop.is_set():
+                await settle()
+                free = concurrency - len(running)
+                if free <= 0:
+                    await asyncio.wait(running, timeout=poll_timeout_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                polled = await position.consumer.getmany(timeout_ms=poll_timeout_ms,
+                                                         max_records=min(free, max_records))
+                if not polled:
+                    continue
+                good, letters = position.decode(polled)
+                dead.extend(letters)
+                for record, d in good:
+                    position.holds.add(d.topic, d.partition, d.offset)
+                    running.add(asyncio.create_task(run(record, d)))
+                for tp, records in polled.items():
+                    position.progress[tp] = records[-1].offset + 1
+                if letters or len(good) < sum(map(len, polled.values())):
+                    finished += 1  # dead letters and duplicates alone still move the commit on
+            await settle()
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
 
     @staticmethod
     async def _gather(consumer: AIOKafkaConsumer, stop: asyncio.Event, poll_timeout_ms: int,
@@ -413,21 +459,52 @@ class Bus:
                 dead.append(self._dead_letter(group, delivery.topic, record, reason))
         return dead
 
-    @staticmethod
-    def _per_event(on_event: EventHandler, concurrency: int) -> BatchHandler:
-        limit = asyncio.Semaphore(concurrency)
 
-        async def one(d: Delivery) -> None:
-            async with limit:
-                parent = telemetry.extract_context(d.headers) if telemetry.enabled() else None
-                with telemetry.span(f"process {d.topic}", SpanKind.CONSUMER, parent=parent,
-                                    attributes={"messaging.system": "kafka", "rlbus.event_id": d.event.event_id}):
-                    await on_event(d)
+class _Position:
+    """One consumer's place in its partitions: decoding with dedup, the offsets handled so far,
+    the held ones, and committing what may be committed."""
 
-        async def batch(deliveries: list[Delivery]) -> None:
-            results = await asyncio.gather(*(one(d) for d in deliveries), return_exceptions=True)
-            errors = [r for r in results if isinstance(r, BaseException)]
-            if errors:
-                raise errors[0]
+    def __init__(self, bus: Bus, consumer: AIOKafkaConsumer, group: str, seen: _SeenIds | None):
+        self.bus = bus
+        self.consumer = consumer
+        self.group = group
+        self.seen = seen
+        self.holds = Holds()
+        self.progress: dict[TopicPartition, int] = {}
+        """Next offset to read, per partition, after the messages taken so far."""
+        self.prefix = len(bus.settings.kafka.topic_prefix)
 
-        return batch
+    def decode(self, polled: dict[TopicPartition, list[ConsumerRecord]]
+               ) -> tuple[list[tuple[ConsumerRecord, Delivery]], list[DeadLetter]]:
+        good: list[tuple[ConsumerRecord, Delivery]] = []
+        dead: list[DeadLetter] = []
+        for tp, records in polled.items():
+            topic = tp.topic[self.prefix:]
+            for record in records:
+                try:
+                    event = self.bus._decode(topic, record)
+                except Exception as exc:  # noqa: BLE001 - any decode failure is a dead letter
+                    dead.append(self.bus._dead_letter(self.group, topic, record, f"decode: {exc}"))
+                    continue
+                if self.seen is not None and not self.seen.add(event.event_id):
+                    continue
+                good.append((record, Delivery(event, topic, record.partition, record.offset,
+                                              record.key, tuple(record.headers or ()), self.holds)))
+        return good, dead
+
+    async def commit(self) -> None:
+        assigned = self.consumer.assignment()
+        for tp in [tp for tp in self.progress if tp not in assigned]:
+            del self.progress[tp]  # revoked: its new owner resumes from the last commit
+        commit = {}
+        for tp, next_offset in self.progress.items():
+            held = self.holds.limit(tp.topic[self.prefix:], tp.partition)
+            commit[tp] = OffsetAndMetadata(next_offset if held is None else min(held, next_offset), "")
+        if not commit:
+            return
+        try:
+            await self.consumer.commit(commit)
+        except CommitFailedError:
+            # A rebalance moved these partitions away meanwhile; their new owner redelivers
+            # from the last commit, and handling is idempotent.
+            log.warning("commit failed after a rebalance in group %s; redelivered from the last commit", self.group)

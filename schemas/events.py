@@ -165,6 +165,12 @@ class TrainBatch(Event, kw_only=True):
     num_tokens: int = 0
     min_policy_version: int = 0
     max_policy_version: int = 0
+    dropped_stale: int = 0
+    """Samples the orchestrator left out of this batch: sampled more than max_off_policy_steps
+    versions before the policy this batch trains."""
+    metrics: dict[str, float] = {}
+    """The orchestrator's counts since the previous batch (groups, rollouts errored, groups
+    dropped for zero signal, samples too long) and the mean reward of the batch's groups."""
 
 
 class WeightVersion(Event, kw_only=True):
@@ -209,6 +215,7 @@ class TrainStep(Event, kw_only=True):
     num_tokens: int = 0
     tokens_per_s: float = 0.0
     dropped_stale: int = 0
+    """Samples of this step's batch dropped as stale, by the orchestrator or the trainer."""
     staleness: dict[str, int] = {}
     """Histogram: versions behind the trainer -> sample count."""
     metrics: dict[str, float] = {}

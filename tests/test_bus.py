@@ -166,3 +166,27 @@ async def test_held_message_is_not_committed_until_released(settings: Settings) 
         await asyncio.wait_for(bus.consume("judge", ["rollouts"], on_batch=hold_the_third, stop=stop), 30)
         again = await collect(bus, "judge", ["rollouts"], 4)
     assert [d.event.rollout_id for d in again] == ["2", "3", "4", "5"]  # type: ignore[attr-defined]
+
+
+async def test_slow_event_neither_stalls_the_rest_nor_gets_committed(settings: Settings) -> None:
+    """Per-event consumption keeps polling while a handler runs (an env producer's three-hour
+    rollout): with 4 slots, one stuck event and 20 quick ones all get through; at stop the stuck
+    one is cancelled, and a restart gets it again with everything after it on its partition."""
+    async with Bus(settings) as bus:
+        await bus.publish_many([RolloutCompleted(rollout_id=str(i), group_id="g", task_id="t", env="e")
+                                for i in range(21)])  # one key: one partition, in order
+        quick: list[str] = []
+        stop = asyncio.Event()
+
+        async def on_event(d: Delivery) -> None:
+            rollout_id = d.event.rollout_id  # type: ignore[attr-defined]
+            if rollout_id == "3":
+                await asyncio.Event().wait()  # never finishes on its own
+            quick.append(rollout_id)
+            if len(quick) == 20:
+                stop.set()
+
+        await asyncio.wait_for(bus.consume("env", ["rollouts"], on_event=on_event, stop=stop, concurrency=4), 30)
+        again = await collect(bus, "env", ["rollouts"], 18)
+    assert sorted(quick, key=int) == [str(i) for i in range(21) if i != 3]
+    assert [d.event.rollout_id for d in again] == [str(i) for i in range(3, 21)]  # type: ignore[attr-defined]

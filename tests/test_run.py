@@ -43,6 +43,9 @@ async def run_all(cfg: RunConfig) -> dict:
                 "SELECT DISTINCT policy_version FROM tokens FINAL WHERE run_id = {r:String} ORDER BY 1", p).rows],
             "steps": store.query("SELECT step, mismatch_kl, num_samples, dropped_stale, staleness FROM train_steps "
                                  "FINAL WHERE run_id = {r:String} ORDER BY step", p).rows,
+            "batches": store.query("SELECT step, dropped_stale, metrics['batch_groups'], metrics['mean_reward'], "
+                                   "metrics['groups'] FROM batches FINAL WHERE run_id = {r:String} ORDER BY step",
+                                   p).rows,
         }
 
 
@@ -64,6 +67,9 @@ async def test_run_versions_flow_through_inference_and_rollouts(settings: Settin
     steps = out["steps"]
     assert [s[0] for s in steps] == [1, 2, 3, 4]
     assert all(s[2] == 16 and s[3] == 0 for s in steps)  # full batches, nothing stale reached the trainer
+    # Each batch says what it is made of: 4 groups of 4, their mean reward, groups seen since the last.
+    assert [b[:3] for b in out["batches"]] == [(step, 0, 4.0) for step in (1, 2, 3, 4)]
+    assert all(0 <= b[3] <= 1 for b in out["batches"]) and sum(b[4] for b in out["batches"]) >= 16
     behind = [int(k) for s in steps for k in s[4]]
     print(f"{mode}: mismatch KL per step {[f'{s[1]:.2e}' for s in steps]}; staleness {[dict(s[4]) for s in steps]}")
     if mode == "sync":

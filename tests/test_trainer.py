@@ -149,12 +149,12 @@ async def test_trainer_worker_never_trains_stale_samples_counts_them_and_skips_r
     worker = TrainerWorker(bus, step, session.checkpoints, session.state, session.hooks, "run", 2, 10,
                            asyncio.Event())
     samples = [sample([1, 2, 3, 4], 1, version=v, rollout=f"v{v}") for v in (5, 4, 3, 2, 1)]
-    batch = TrainBatch(run_id="run", batch_id="b6", step=6, samples=samples)
+    batch = TrainBatch(run_id="run", batch_id="b6", step=6, samples=samples, dropped_stale=3)  # 3 by the orchestrator
     await worker.handle([Delivery(batch, "batches", 0, 0)])
     await worker.handle([Delivery(batch, "batches", 0, 0)])  # redelivered: not trained again
     assert seen == [[5, 4, 3]]
     (train_step,) = [e for e in bus.events if isinstance(e, TrainStep)]
-    assert train_step.dropped_stale == 2 and train_step.staleness == {"0": 1, "1": 1, "2": 1, "3": 1, "4": 1}
+    assert train_step.dropped_stale == 3 + 2 and train_step.staleness == {"0": 1, "1": 1, "2": 1, "3": 1, "4": 1}
     versions = [e for e in bus.events if isinstance(e, WeightVersion)]
     assert [v.version for v in versions] == [6, 6] and versions[0].event_id == versions[1].event_id
     assert session.checkpoints.latest_step() == 6

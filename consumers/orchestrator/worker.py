@@ -48,6 +48,12 @@ class Counts:
 
 
 @dataclass
+class ReadyGroup:
+    samples: list[TrainSample]
+    rewards: list[float]
+
+
+@dataclass
 class Evaluation:
     version: int
     pending: set[str]
@@ -79,7 +85,7 @@ class Orchestrator:
         self.trained = -1
         """Newest version the trainer announced: the run is done when it reaches max_steps."""
         self.inflight: set[str] = set()
-        self.ready: list[list[TrainSample]] = []
+        self.ready: list[ReadyGroup] = []
         self.start_version = 0
         """The trainer's first announced version: no task goes out before inference serves it."""
         self.awaiting_version = 0
@@ -89,6 +95,8 @@ class Orchestrator:
         self.evaluations: dict[int, Evaluation] = {}
         self.next_eval: int | None = None
         self.counts = Counts()
+        self.counted = Counts()
+        """`counts` when the last batch went out: each batch reports what happened since."""
         self.done = asyncio.Event()
 
     # -- events ----------------------------------------------------------------------
@@ -138,23 +146,21 @@ class Orchestrator:
             self.counts.dropped_zero_signal += 1
             return
         if kept:
-            self.ready.append(kept)
+            self.ready.append(ReadyGroup(kept, [m.scored.reward for m in group.members]))
 
     # -- pacing and batching --------------------------------------------------------------
 
-    def _groups_needed(self) -> int:
-        """Training groups still to be published to reach max_steps."""
-        assert self.step is not None
-        return (self.max_steps - self.step) * self.cfg.tasks_per_step - len(self.ready) - len(self.inflight)
-
     def _async_room(self) -> int:
-        """Tasks that may go out now: within the in-flight bound, and only as many as will land
-        in batches no more than max_off_policy_steps ahead of the version inference serves
-        (each would otherwise be sampled only to be dropped as stale)."""
+        """Tasks that may go out now: within the in-flight bound; only as many as will land in
+        batches no more than max_off_policy_steps ahead of the version inference serves (each
+        would otherwise be sampled only to be dropped as stale); and up to one step's worth
+        beyond max_steps, so that the final batch, like every other, is made of the first
+        groups back instead of waiting for the slowest (the spares are stored, not trained on)."""
         assert self.step is not None
-        room = 0
         queued = len(self.ready) + len(self.inflight)
-        while room < min(self.max_inflight - len(self.inflight), self._groups_needed()):
+        wanted = (self.max_steps - self.step + 1) * self.cfg.tasks_per_step - queued
+        room = 0
+        while room < min(self.max_inflight - len(self.inflight), wanted):
             trained_at = self.step + (queued + room) // self.cfg.tasks_per_step
             if trained_at - max(self.served, 0) > self.cfg.max_off_policy_steps:
                 break
@@ -211,17 +217,22 @@ class Orchestrator:
     async def _publish_batch(self, groups: int) -> None:
         assert self.step is not None
         taken, self.ready = self.ready[:groups], self.ready[groups:]
-        fresh = filter_stale([s for g in taken for s in g], self.step, self.cfg.max_off_policy_steps)
+        fresh = filter_stale([s for g in taken for s in g.samples], self.step, self.cfg.max_off_policy_steps)
         self.counts.dropped_stale += fresh.dropped
         self.counts.samples += len(fresh.kept)
         self.step += 1
         versions = [s.policy_version for s in fresh.kept] or [self.step - 1]
+        since = {k: float(v - getattr(self.counted, k)) for k, v in vars(self.counts).items()}
+        self.counted = Counts(**vars(self.counts))
+        rewards = [r for g in taken for r in g.rewards]
         batch_id = derived_id(self.run_id, "batch", self.step)
         await self.bus.publish(TrainBatch(
             event_id=batch_id, run_id=self.run_id, batch_id=batch_id, step=self.step, samples=fresh.kept,
             algorithm="+".join(sorted({type(a).__name__.lower() for a in self.algorithms.values()})),
             num_tokens=sum(len(tokens(s.input_ids)) for s in fresh.kept),
-            min_policy_version=min(versions), max_policy_version=max(versions)))
+            min_policy_version=min(versions), max_policy_version=max(versions), dropped_stale=fresh.dropped,
+            metrics={**since, "batch_groups": float(len(taken)),
+                     "mean_reward": float(np.mean(rewards)) if rewards else 0.0}))
         log.info("batch %d: %d samples from %d groups (staleness %s; dropped so far: %s)", self.step,
                  len(fresh.kept), len(taken), fresh.histogram, self.counts)
 

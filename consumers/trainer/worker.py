@@ -92,8 +92,8 @@ class TrainerWorker:
         await asyncio.to_thread(self.checkpoints.write_weights, self.state.step, self.hooks.weights())
         await asyncio.to_thread(self.checkpoints.save, self.state, self.hooks.state())
         self.last = result
-        await self.bus.publish_many([self.weight_version(), self._step_event(batch, result, fresh.dropped,
-                                                                             fresh.histogram)])
+        await self.bus.publish_many([self.weight_version(), self._step_event(
+            batch, result, batch.dropped_stale + fresh.dropped, fresh.histogram)])
         log.info("step %d: loss %.4f grad norm %.3f kl %.2e (%d samples, %.2fs)", self.state.step, result.loss,
                  result.grad_norm, result.mismatch_kl, result.num_samples, result.seconds)
         if self.state.step >= self.max_steps:

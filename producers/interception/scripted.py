@@ -50,7 +50,12 @@ class ScriptedModel:
     calls: list[dict[str, Any]] = field(default_factory=list)
     """Every request body received, for tests to inspect."""
     record: bool = True
-    delay_s: float = 0.0
+    delay_s: float | Callable[[], float] = 0.0
+    """Seconds each request waits before its answer, or a function drawing them per request
+    (bench/async_rl.py draws heavy-tailed agent latencies)."""
+
+    def delay(self) -> float:
+        return self.delay_s() if callable(self.delay_s) else self.delay_s
 
 
 def _completion(body: dict[str, Any], reply: Reply, model: str) -> dict[str, Any]:
@@ -125,8 +130,9 @@ class _App:
         body = msgspec.json.decode(raw)
         if s.record:
             s.calls.append(body)
-        if s.delay_s:
-            await asyncio.sleep(s.delay_s)
+        delay = s.delay()
+        if delay:
+            await asyncio.sleep(delay)
         if path.endswith("/chat/completions"):
             completion = _completion(body, s.chat(body["messages"], body.get("tools")), s.model)
             if not body.get("stream"):
