@@ -1,6 +1,6 @@
 """reverse_text as a tiny model from init can learn it in minutes on 2 CPU cores: the user
-turn is the bare word (no system prompt, no instruction), and `terse_template` renders turns
-with no role headers. Tasks, ids, answers and rewards are reverse_text's own.
+turn is the bare word (no system prompt, no instruction); ../recipe.py gives the model a chat
+template with no role headers. Tasks, ids, answers and rewards are reverse_text's own.
 
 Measured here (RESULTS.md): with ~25 constant tokens (instruction + chat headers) before the
 word, a 0.9M-parameter model's SFT loss stays near 2.8 nats/token after 600-1200 steps; with
@@ -18,22 +18,8 @@ _env = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_env)
 
 
-TEMPLATE = ("{%- for message in messages -%}{{- message['content'] ~ '<|im_end|>' -}}{%- endfor -%}"
-            "{%- if add_generation_prompt -%}{{- '<|im_start|>' -}}{%- endif -%}")
-"""Each turn is its text and <|im_end|>; the model's turn opens with <|im_start|>."""
-
-
 class TerseReverseText(_env.ReverseText):
     system_prompt = None
 
     def messages(self, task):
         return [{"role": "user", "content": task.answer[::-1]}]
-
-
-def terse_template(model_dir: str | Path) -> None:
-    """Give a model directory's tokenizer the terse chat template (inference renders with it)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(model_dir)
