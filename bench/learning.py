@@ -189,6 +189,8 @@ def plot(path: Path, title: str, rl: list, bare: list, curve: list) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for points, label in ((rl, "rlbus (bus + store + processes)"), (bare, "bare in-process loop")):
+        if not points:
+            continue
         a.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=label)
     a.set(xlabel="RL wall time (s)", ylabel="held-out exact match", title=f"{title}: held-out exact match")
     a.legend()
@@ -214,6 +216,7 @@ def main() -> None:
     args = parser.parse_args()
     example = recipe.BY_NAME[args.example]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rlbus-learning-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     rl_cfg = load_settings(example.dir / "rl.toml", ["--model", "x"], model=RunConfig)
     assert isinstance(rl_cfg, RunConfig)
     env = load_environment(example.env_path, rl_cfg.envs[example.name].overrides)

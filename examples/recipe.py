@@ -1,18 +1,21 @@
-"""The reverse_text learning recipe, step by step, through the event log:
+"""The learning recipe of the tiny-model examples (reverse_text, caesar), step by step,
+through the event log:
 
 1. a scripted teacher (the right answer, token in / token out) answers training tasks through
    the same env producer, interception server, judge and sink as any model;
 2. `rlbus replay sft` trains a fresh tiny model on those rollouts' stored token ids;
-3. `rlbus run rl.toml` runs GRPO from the SFT model, evaluating held-out tasks as it goes.
+3. `rlbus run EXAMPLE/rl.toml` runs GRPO from the SFT model, evaluating held-out tasks as it goes.
 
-bench/learning.py and tests/test_learning.py run it; the SQL below computes the figures.
+bench/learning.py and tests/test_learning.py run it; the SQL below computes the figures (each
+example's task set has an `exact` reward).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlbus.bus import Bus
@@ -24,15 +27,16 @@ from rlbus.producers.env import load_environment
 from rlbus.producers.interception.scripted import ScriptedModel, ScriptedServer
 from rlbus.producers.worker import run_env_producer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from terse import terse_template
-
 from rlbus.config import Settings
 
-HERE = Path(__file__).resolve().parent
+EXAMPLES = Path(__file__).resolve().parent
 IM_END = 258
 """<|im_end|> of the byte tokenizer (`rlbus model init`): ends an assistant turn."""
 WORD = re.compile(rb"([a-z]+)")
+ROTATED = re.compile(rb"(\d+) ([a-z]+)")
+TERSE_TEMPLATE = ("{%- for message in messages -%}{{- message['content'] ~ '<|im_end|>' -}}{%- endfor -%}"
+                  "{%- if add_generation_prompt -%}{{- '<|im_start|>' -}}{%- endif -%}")
+"""Each turn is its text and <|im_end|>; the model's turn opens with <|im_start|>: no role headers."""
 
 HELD_OUT_SQL = """
 SELECT JSONExtractInt(r.info, 'eval_version') AS version,
@@ -62,32 +66,72 @@ GROUP BY version ORDER BY version
 """Training-rollout reward by the policy version that sampled them (the reward curve)."""
 
 
-def teacher_tokens(prompt_ids: list[int]) -> list[int]:
-    """The correct answer to the last word in the prompt, as byte tokens + <|im_end|>."""
-    words = WORD.findall(bytes(i for i in prompt_ids if i < 256))
+def _text(prompt_ids: list[int]) -> bytes:
+    return bytes(i for i in prompt_ids if i < 256)
+
+
+def reverse_teacher(prompt_ids: list[int]) -> list[int]:
+    """reverse_text's right answer to the last word in the prompt, as byte tokens + <|im_end|>."""
+    words = WORD.findall(_text(prompt_ids))
     return [*words[-1][::-1], IM_END] if words else [IM_END]
+
+
+def caesar_teacher(prompt_ids: list[int]) -> list[int]:
+    """caesar's right answer: the last "ROTATION word" of the prompt shifted back."""
+    found = ROTATED.findall(_text(prompt_ids))
+    if not found:
+        return [IM_END]
+    rotation, word = int(found[-1][0]), found[-1][1]
+    return [*(ord("a") + (ch - ord("a") - rotation) % 26 for ch in word), IM_END]
+
+
+@dataclass(frozen=True)
+class Example:
+    """A tiny-model learning example: its directory, the environment file its rl.toml trains
+    on, and a scripted teacher that answers its tasks right."""
+
+    name: str
+    env_file: str
+    teacher: Callable[[list[int]], list[int]]
+
+    @property
+    def dir(self) -> Path:
+        return EXAMPLES / self.name
+
+    @property
+    def env_path(self) -> str:
+        return str(self.dir / self.env_file)
+
+
+REVERSE_TEXT = Example("reverse_text", "terse.toml", reverse_teacher)
+CAESAR = Example("caesar", "env.toml", caesar_teacher)
+BY_NAME = {e.name: e for e in (REVERSE_TEXT, CAESAR)}
 
 
 def init_terse_model(path: Path, seed: int = 0) -> Path:
     """`rlbus model init` (tiny llama, byte tokenizer) with the terse chat template."""
+    from transformers import AutoTokenizer
+
     from rlbus.consumers.inference.model_init import init_model
 
     init_model(path, seed=seed)
-    terse_template(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = TERSE_TEMPLATE
+    tokenizer.save_pretrained(path)
     return path
 
 
-def train_tasks(settings: Settings, n: int, seed: int = 1) -> list:
+def train_tasks(example: Example, settings: Settings, n: int, seed: int = 1) -> list:
     """`n` training-split tasks (never one of the held-out ones the RL run evaluates on)."""
-    env = load_environment(str(HERE / "terse.toml"))
+    env = load_environment(example.env_path)
     source = TaskSource([Source(env, 1.0)], settings.run_id, held_out_fraction=0.05, seed=seed)
     return [source.next_train() for _ in range(n)]
 
 
-async def collect_teacher(settings: Settings, model: Path, n: int, timeout_s: float = 300) -> int:
+async def collect_teacher(example: Example, settings: Settings, model: Path, n: int, timeout_s: float = 300) -> int:
     """Run `n` training tasks with the scripted teacher; returns how many were scored in the store."""
-    with ScriptedServer(ScriptedModel(tokens=teacher_tokens, model="teacher", record=False)) as teacher:
-        env = load_environment(str(HERE / "terse.toml"), {
+    with ScriptedServer(ScriptedModel(tokens=example.teacher, model="teacher", record=False)) as teacher:
+        env = load_environment(example.env_path, {
             "group_size": 1, "max_concurrent_rollouts": 128,
             "sampling": {"temperature": 1.0, "max_tokens": 16},
             "model": {"name": "teacher", "base_url": teacher.url + "/v1", "mode": "train", "tokenizer": str(model)}})
@@ -97,7 +141,7 @@ async def collect_teacher(settings: Settings, model: Path, n: int, timeout_s: fl
                 roles = [asyncio.create_task(run_sink(settings, store, stop)),
                          asyncio.create_task(run_env_producer(settings, env, stop)),
                          asyncio.create_task(run_judge(settings, [env], stop))]
-                await bus.publish_many(train_tasks(settings, n))
+                await bus.publish_many(train_tasks(example, settings, n))
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + timeout_s
                 while (scored := _count(store, settings.run_id)) < n and loop.time() < deadline:
