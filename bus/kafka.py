@@ -218,6 +218,20 @@ class Bus:
         if futures:
             await asyncio.gather(*futures)
 
+    async def keep_announcing(self, latest: Callable[[], Event | None], stop: asyncio.Event) -> None:
+        """Re-publish `latest()` (a state event: the trainer's WeightVersion, an inference
+        worker's WeightLoaded) every kafka.announce_every_s until `stop`. A consumer that
+        restarted past the original learns the state from the next one; it is the same event
+        (same id) each time, so stores and running consumers drop the repeats."""
+        every_s = self.settings.kafka.announce_every_s
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), every_s)
+            except TimeoutError:
+                event = latest()
+                if event is not None:
+                    await self.publish(event)
+
     async def publish_raw(self, topic: str, value: bytes, key: bytes | None = None,
                           headers: list[tuple[str, bytes]] | None = None) -> None:
         """Publish bytes as they are (tests, bridges); `topic` is unprefixed."""

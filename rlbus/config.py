@@ -30,6 +30,9 @@ class KafkaConfig(Section):
     """Producer batching delay in milliseconds."""
     fetch_max_records: int = Field(2000, ge=1)
     """Most records one consumer poll hands to a handler."""
+    announce_every_s: float = Field(5.0, gt=0)
+    """Trainers and inference workers re-publish their current weights version this often, so a
+    consumer that restarts past the original (the orchestrator) learns where the run stands."""
 
 
 class StoreConfig(Section):

@@ -9,9 +9,10 @@ dashboard read from the store; stops everything cleanly when the orchestrator is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -22,7 +23,7 @@ from rich.live import Live
 from rich.table import Table
 
 from rlbus.bus import Bus, free_port
-from rlbus.bus.store import open_store
+from rlbus.bus.store import Store, open_store
 from rlbus.config import ConfigError, Section, Settings
 from rlbus.consumers.orchestrator.config import EnvEntry, OrchestratorConfig
 from rlbus.consumers.trainer.config import TrainerConfig
@@ -258,18 +259,18 @@ class LocalRun:
             p.stop()
 
 
-async def run_in_process(cfg: RunConfig, base_dir: Path, extra: Sequence[Callable[[Bus, asyncio.Event], Awaitable[Any]]] = (),
-                         timeout_s: float = 600) -> Orchestrator:
-    """Every role in this process's event loop, on the configured broker and a store this process
-    holds (tests and benchmarks: no process start-up, one place to look). With inference.url
-    empty, the built-in engine serves cfg.model and follows weights; `extra` roles run alongside
-    (e.g. a scripted inference's weight acknowledgements). Returns once the orchestrator is done
-    and its last events are stored."""
+@contextlib.asynccontextmanager
+async def local_roles(cfg: RunConfig, base_dir: Path,
+                      extra: Sequence[Callable[[Bus, asyncio.Event], Awaitable[Any]]] = ()
+                      ) -> AsyncIterator[tuple[RunConfig, Bus, Store]]:
+    """Every role but the orchestrator in this process's event loop, on the configured broker
+    and a store this process holds: with inference.url empty, the built-in engine serves
+    cfg.model and follows weights; `extra` roles run alongside (e.g. a scripted inference's
+    weight acknowledgements). Yields the config (inference.url filled in), a bus and the store;
+    the roles stop on leaving."""
     from rlbus.consumers.inference.service import build_app, build_backend
     from rlbus.consumers.inference.worker import run_worker
     from rlbus.consumers.judge import run_judge
-    from rlbus.consumers.orchestrator.build import build_orchestrator
-    from rlbus.consumers.orchestrator.worker import run_orchestrator
     from rlbus.consumers.sink import run_sink
     from rlbus.consumers.trainer.session import open_session
     from rlbus.consumers.trainer.worker import TrainerWorker, run_trainer
@@ -277,6 +278,8 @@ async def run_in_process(cfg: RunConfig, base_dir: Path, extra: Sequence[Callabl
     from rlbus.producers.worker import run_env_producer
 
     stop = asyncio.Event()
+    trainer_stop = asyncio.Event()
+    """The trainer's own: it sets it at max_steps, which must not stop the others."""
     roles: list[asyncio.Task] = []
     url = cfg.inference.url
     if not url:
@@ -287,25 +290,38 @@ async def run_in_process(cfg: RunConfig, base_dir: Path, extra: Sequence[Callabl
                                                     stop)))
     cfg = cfg.model_copy(update={"inference": cfg.inference.model_copy(update={"url": url})})
     session = open_session(cfg.trainer, cfg.model, cfg.checkpoint_url(), cfg.max_steps, resume=False)
-    with open_store(cfg.store.url) as store:
-        async with Bus(cfg) as bus:
-            roles.append(asyncio.create_task(run_sink(cfg, store, stop)))
-            for name, entry in cfg.envs.items():
-                env = load_environment(str(env_file(entry, name, base_dir, data_dir(cfg) / "runs" / cfg.run_id / "envs",
-                                                    cfg.model, url)))
-                roles += [asyncio.create_task(run_env_producer(cfg, env, stop)) for _ in range(entry.producers)]
-                roles += [asyncio.create_task(run_judge(cfg, [env], stop)) for _ in range(entry.judges)]
-            roles.append(asyncio.create_task(run_trainer(bus, TrainerWorker(
-                bus, session.trainer.step, session.checkpoints, session.state, session.hooks, cfg.run_id,
-                cfg.orchestrator.max_off_policy_steps, cfg.max_steps, asyncio.Event()))))
-            roles += [asyncio.create_task(role(bus, stop)) for role in extra]
-            orchestrator = build_orchestrator(bus, cfg, base_dir)
-            try:
-                await asyncio.wait_for(run_orchestrator(bus, orchestrator, stop), timeout_s)
-                await _stored(store, cfg.run_id, cfg.max_steps)
-            finally:
-                stop.set()
-                await asyncio.gather(*roles, return_exceptions=True)
+    try:
+        with open_store(cfg.store.url) as store:
+            async with Bus(cfg) as bus:
+                roles.append(asyncio.create_task(run_sink(cfg, store, stop)))
+                for name, entry in cfg.envs.items():
+                    env = load_environment(str(env_file(entry, name, base_dir,
+                                                        data_dir(cfg) / "runs" / cfg.run_id / "envs", cfg.model, url)))
+                    roles += [asyncio.create_task(run_env_producer(cfg, env, stop)) for _ in range(entry.producers)]
+                    roles += [asyncio.create_task(run_judge(cfg, [env], stop)) for _ in range(entry.judges)]
+                roles.append(asyncio.create_task(run_trainer(bus, TrainerWorker(
+                    bus, session.trainer.step, session.checkpoints, session.state, session.hooks, cfg.run_id,
+                    cfg.orchestrator.max_off_policy_steps, cfg.max_steps, trainer_stop))))
+                roles += [asyncio.create_task(role(bus, stop)) for role in extra]
+                yield cfg, bus, store
+    finally:
+        stop.set()
+        trainer_stop.set()
+        await asyncio.gather(*roles, return_exceptions=True)
+
+
+async def run_in_process(cfg: RunConfig, base_dir: Path, extra: Sequence[Callable[[Bus, asyncio.Event], Awaitable[Any]]] = (),
+                         timeout_s: float = 600) -> Orchestrator:
+    """A whole run in this process's event loop (tests and benchmarks: no process start-up, one
+    place to look): `local_roles` and the orchestrator. Returns once the orchestrator is done
+    and its last events are stored."""
+    from rlbus.consumers.orchestrator.build import build_orchestrator
+    from rlbus.consumers.orchestrator.worker import run_orchestrator
+
+    async with local_roles(cfg, base_dir, extra) as (cfg, bus, store):
+        orchestrator = build_orchestrator(bus, cfg, base_dir)
+        await asyncio.wait_for(run_orchestrator(bus, orchestrator, asyncio.Event()), timeout_s)
+        await _stored(store, cfg.run_id, cfg.max_steps)
     return orchestrator
 
 

@@ -4,6 +4,7 @@ sink, in this process's event loop (`rlbus run`'s subprocess launcher: test_run_
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,36 @@ async def test_run_versions_flow_through_inference_and_rollouts(settings: Settin
         assert max(behind) <= 2
     evaluations = out["orch"].evaluations
     assert set(evaluations) == {0, 2, 4} and all(len(e.rewards) == 8 for e in evaluations.values())
+
+
+@pytest.mark.slow
+async def test_restarted_orchestrator_learns_where_the_run_stands(settings: Settings, tiny: Path,
+                                                                   tmp_path: Path) -> None:
+    """Stop the orchestrator while the trainer and inference wait for its next batch (sync mode,
+    after step 2): a new one has missed their announcements (committed by the first), and
+    learns the trained and served versions from their re-announcements, then finishes the run."""
+    from rlbus.consumers.orchestrator.build import build_orchestrator
+    from rlbus.consumers.orchestrator.worker import run_orchestrator
+
+    from rlbus.launcher import local_roles
+
+    cfg = run_config(settings, tiny, tmp_path, mode="sync", eval_every=0, drop_zero_signal=False)
+    cfg = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"announce_every_s": 1.0})})
+    async with local_roles(cfg, EXAMPLE) as (cfg, bus, store):
+        first = build_orchestrator(bus, cfg, EXAMPLE)
+        stop_first = asyncio.Event()
+        running = asyncio.create_task(run_orchestrator(bus, first, stop_first))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 180
+        while min(first.trained, first.served) < 2:
+            assert not running.done() and loop.time() < deadline
+            await asyncio.sleep(0.1)
+        stop_first.set()
+        await running
+        second = build_orchestrator(bus, cfg, EXAMPLE)
+        try:
+            await asyncio.wait_for(run_orchestrator(bus, second, asyncio.Event()), 240)
+        except TimeoutError:
+            pytest.fail(f"the second orchestrator is stuck: step {second.step}, trained {second.trained}, served "
+                        f"{second.served}, {len(second.inflight)} groups in flight, {len(second.ready)} ready")
+    assert second.start_version >= 2 and second.trained == 4 and second.served == 4

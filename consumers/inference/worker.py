@@ -18,6 +18,7 @@ from rlbus.bus import Bus, Delivery
 from rlbus.config import Settings
 from rlbus.consumers.inference.api import InferenceBackend
 from rlbus.consumers.inference.weights import WeightFollower, newest
+from rlbus.schemas import WeightLoaded
 
 
 def default_worker_id(port: int) -> str:
@@ -28,17 +29,25 @@ def default_worker_id(port: int) -> str:
 async def follow_weights(
     bus: Bus, follower: WeightFollower, run_id: str, stop: asyncio.Event
 ) -> None:
-    """Load each newest WeightVersion of `run_id` and publish WeightLoaded (after the load)."""
+    """Load each newest WeightVersion of `run_id` and publish WeightLoaded (after the load),
+    re-published while serving so that a restarted orchestrator learns what is served."""
+    served: WeightLoaded | None = None
 
     async def on_batch(deliveries: list[Delivery]) -> None:
+        nonlocal served
         event = newest((d.event for d in deliveries), run_id)
         if event is None:
             return
         loaded = await follower.on_weight_version(event)
         if loaded is not None:
             await bus.publish(loaded)
+            served = loaded
 
-    await bus.consume(f"inference-{follower.worker_id}", ["weights"], on_batch=on_batch, stop=stop)
+    announcing = asyncio.create_task(bus.keep_announcing(lambda: served, stop))
+    try:
+        await bus.consume(f"inference-{follower.worker_id}", ["weights"], on_batch=on_batch, stop=stop)
+    finally:
+        announcing.cancel()
 
 
 async def run_worker(

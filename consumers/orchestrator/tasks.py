@@ -1,7 +1,11 @@
 """Which tasks the orchestrator publishes: training tasks drawn from each environment's task
 set by weight, and a fixed held-out set (chosen by a hash of the task id, so no training task
-is ever evaluated on) for evaluations. Event ids derive from the run and a counter, so a
-re-published task keeps its id and its rollouts keep theirs."""
+is ever evaluated on) for evaluations.
+
+Training task ids derive from the run, this task source's start and a counter: a restarted
+orchestrator's tasks are new tasks, never repeats of ones its predecessor published (those may
+have run already, and env producers skip an id they have seen). Held-out task ids derive from
+the run, the version and the task, so an evaluation repeated for a version keeps its ids."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from dataclasses import dataclass
 
 import msgspec
 from rlbus.producers.env import Environment
-from rlbus.schemas import TaskPublished, derived_id
+from rlbus.schemas import TaskPublished, derived_id, uuid7
 
 SPLIT = "split"
 EVAL_VERSION = "eval_version"
@@ -41,6 +45,7 @@ class TaskSource:
             for s in sources
         }
         self.published = 0
+        self.started = uuid7()
 
     def skip(self, n: int) -> None:
         """Move past `n` training tasks (a resumed run continues with new ones)."""
@@ -55,7 +60,7 @@ class TaskSource:
             raise RuntimeError(f"task set of {source.env.id} is exhausted after {self.published} training tasks; "
                                "give it more rows or lower max_steps") from None
         self.published += 1
-        return msgspec.structs.replace(task, event_id=derived_id(self.run_id, "train-task", self.published),
+        return msgspec.structs.replace(task, event_id=derived_id(self.run_id, "train-task", self.started, self.published),
                                        run_id=self.run_id, info={**task.info, SPLIT: "train"})
 
     def eval_set(self, version: int, per_env: int, group_size: int) -> list[TaskPublished]:

@@ -53,6 +53,8 @@ class TrainerWorker:
         self.stop = stop
         self.trained = set(state.batch_ids)
         self.last: StepResult | None = None
+        self.announced: WeightVersion | None = None
+        """The newest version published, re-published while the trainer runs (Bus.keep_announcing)."""
 
     def weight_version(self) -> WeightVersion:
         version = self.state.step
@@ -65,7 +67,12 @@ class TrainerWorker:
         resume, the orchestrator learns where the run stands."""
         if not self.checkpoints.has_weights(self.state.step):
             await asyncio.to_thread(self.checkpoints.write_weights, self.state.step, self.hooks.weights())
-        await self.bus.publish(self.weight_version())
+        await self._announce()
+
+    async def _announce(self, *with_it: TrainStep) -> None:
+        version = self.weight_version()
+        await self.bus.publish_many([version, *with_it])
+        self.announced = version
 
     async def handle(self, deliveries: list[Delivery]) -> None:
         for delivery in deliveries:
@@ -76,7 +83,7 @@ class TrainerWorker:
                 continue
             if batch.batch_id in self.trained:
                 log.info("batch %s (step %d) was trained already; skipped", batch.batch_id, batch.step)
-                await self.bus.publish(self.weight_version())
+                await self._announce()
                 continue
             await self.train(batch)
 
@@ -92,8 +99,7 @@ class TrainerWorker:
         await asyncio.to_thread(self.checkpoints.write_weights, self.state.step, self.hooks.weights())
         await asyncio.to_thread(self.checkpoints.save, self.state, self.hooks.state())
         self.last = result
-        await self.bus.publish_many([self.weight_version(), self._step_event(
-            batch, result, batch.dropped_stale + fresh.dropped, fresh.histogram)])
+        await self._announce(self._step_event(batch, result, batch.dropped_stale + fresh.dropped, fresh.histogram))
         log.info("step %d: loss %.4f grad norm %.3f kl %.2e (%d samples, %.2fs)", self.state.step, result.loss,
                  result.grad_norm, result.mismatch_kl, result.num_samples, result.seconds)
         if self.state.step >= self.max_steps:
@@ -115,5 +121,9 @@ async def run_trainer(bus: Bus, worker: TrainerWorker) -> TrainerWorker:
     if worker.state.step >= worker.max_steps:
         log.info("step %d already reached max_steps %d; nothing to train", worker.state.step, worker.max_steps)
         return worker
-    await bus.consume(GROUP, ["batches"], on_batch=worker.handle, stop=worker.stop)
+    announcing = asyncio.create_task(bus.keep_announcing(lambda: worker.announced, worker.stop))
+    try:
+        await bus.consume(GROUP, ["batches"], on_batch=worker.handle, stop=worker.stop)
+    finally:
+        announcing.cancel()
     return worker
