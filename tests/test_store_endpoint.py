@@ -18,7 +18,7 @@ import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
 from rlbus.bus.store import Store, open_store
-from rlbus.bus.store.holder import ENDPOINT_FILE
+from rlbus.bus.store.holder import ENDPOINT_FILE, read_endpoint
 from rlbus.schemas import Event, TokenRecord
 from rlbus.schemas.packed import pack_logprobs, pack_tokens
 
@@ -31,7 +31,7 @@ from rlbus.bus.store import open_store
 from rlbus.schemas import TokenRecord
 
 data_dir = sys.argv[1]
-url = open(f"{data_dir}/.rlbus-endpoint").read().strip()
+url = open(f"{data_dir}/.rlbus-endpoint").read().split()[0]  # the URL, then the serving PID
 host, port = url.removeprefix("http://").split(":")
 client = clickhouse_connect.get_client(host=host, port=int(port))
 out = {"version": client.server_version}
@@ -123,7 +123,7 @@ def http(url: str, sql: str = "", **params: str) -> tuple[int, dict[str, str], b
 
 def test_another_process_queries_through_the_endpoint(store: Store, data_dir: Path) -> None:
     endpoint = store.serve()
-    assert (data_dir / ENDPOINT_FILE).read_text().strip() == endpoint.url
+    assert read_endpoint(data_dir) == endpoint.url
     out = run_child(CHILD_READS, data_dir)
     assert out["rows"] == [["ro-0", 0], ["ro-1", 10], ["ro-2", 20]]
     assert out["bound"] == [[1]]
@@ -225,6 +225,18 @@ def test_serving_leaves_the_inserting_thread_alone(store: Store) -> None:
         "FROM tokens WHERE kafka_partition = 1"
     ).rows
     assert rows == [(2000, 0)]
+
+
+def test_an_endpoint_announced_by_a_dead_process_is_not_read(data_dir: Path) -> None:
+    """A holder killed without withdrawing its URL, while its successor has the lock but has not
+    announced its own yet: the dead one's URL must not be handed out."""
+    gone = subprocess.Popen(["true"])  # noqa: S607 - any short-lived process
+    gone.wait()  # reaped: its PID names no process now
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / ENDPOINT_FILE).write_text(f"http://127.0.0.1:9\n{gone.pid}\n")
+    assert read_endpoint(data_dir) is None
+    (data_dir / ENDPOINT_FILE).write_text(f"http://127.0.0.1:9\n{os.getpid()}\n")
+    assert read_endpoint(data_dir) == "http://127.0.0.1:9"
 
 
 def test_a_stale_endpoint_file_is_ignored(data_dir: Path) -> None:

@@ -241,8 +241,10 @@ def _prepared(store: Store, dedup_window: int | None) -> Store:
 
 
 def _live(endpoint_url: str) -> bool:
+    # A dead holder refuses at once; a busy one (an insert holding the GIL on a loaded
+    # machine) may take seconds to answer and is still the one to ask.
     try:
-        with urllib.request.urlopen(f"{endpoint_url}/ping", timeout=2) as response:
+        with urllib.request.urlopen(f"{endpoint_url}/ping", timeout=10) as response:
             return response.status == 200
     except OSError:
         return False

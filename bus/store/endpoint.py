@@ -23,7 +23,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import chdb
 
-from rlbus.bus.store.holder import endpoint_file
+from rlbus.bus.store.holder import endpoint_file, write_endpoint
 from rlbus.bus.store.sqltext import (
     SqlTextError,
     quote,
@@ -287,16 +287,14 @@ class Endpoint:
             daemon=True,
         )
         self._thread.start()
-        staging = self._file.with_name(f"{self._file.name}.{os.getpid()}")
-        staging.write_text(self.url + "\n")
-        staging.replace(self._file)
+        write_endpoint(Path(engine_path), self.url)
 
     def close(self) -> None:
         """Stop serving, wait for in-flight requests, and withdraw the URL file."""
         if not self._thread.is_alive():
             return
         try:
-            if self._file.read_text().strip() == self.url:
+            if self._file.read_text().split("\n", 1)[0].strip() == self.url:
                 self._file.unlink()
         except FileNotFoundError:
             pass

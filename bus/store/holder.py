@@ -40,8 +40,26 @@ def endpoint_file(data_dir: Path) -> Path:
     return data_dir / ENDPOINT_FILE
 
 
+def write_endpoint(data_dir: Path, url: str) -> None:
+    """Announce this process's endpoint: the URL, then the PID that serves it."""
+    target = endpoint_file(data_dir)
+    staging = target.with_name(f"{target.name}.{os.getpid()}")
+    staging.write_text(f"{url}\n{os.getpid()}\n")
+    staging.replace(target)
+
+
 def read_endpoint(data_dir: Path) -> str | None:
+    """The announced endpoint URL, unless the process that announced it is gone (a holder
+    killed without withdrawing it, whose successor has not announced its own yet)."""
     try:
-        return endpoint_file(data_dir).read_text().strip() or None
+        url, _, pid = endpoint_file(data_dir).read_text().strip().partition("\n")
     except FileNotFoundError:
         return None
+    if pid.strip().isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass  # alive, owned by someone else
+    return url.strip() or None

@@ -16,13 +16,15 @@ class ReplayError(ValueError):
 
 
 def selected_rollouts(store: Store, where: str, run_id: str | None) -> list[RolloutScored]:
-    """Scored rollouts matching `where` (SQL over the `scored` table's columns), oldest run first."""
+    """Scored rollouts matching `where` (SQL over the `scored` table's columns), ordered by task and
+    sample, so that the same selection trains the same way however the store returns rows."""
     condition = f"({where}) AND status = 'ok'" if where else "status = 'ok'"
     params = {}
     if run_id:
         condition += " AND run_id = {run:String}"
         params["run"] = run_id
-    return store.read_events(RolloutScored, condition, parameters=params)
+    rows = store.read_events(RolloutScored, condition, parameters=params)
+    return sorted(rows, key=lambda s: (s.task_id, s.sample_index, s.run_id, s.rollout_id))
 
 
 async def stored_samples(store: Store, where: str, run_id: str | None = None) -> list[TrainSample]:
