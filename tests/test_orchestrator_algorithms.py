@@ -141,3 +141,19 @@ def test_joiner_waits_for_every_piece_of_every_member() -> None:
     assert s.policy_version == 3 and s.temperature == 0.7
     assert joiner.ready() == [] and not joiner.parts
     np.testing.assert_array_equal(logprobs(s.inference_logprobs), [0, 0, 0, -1, -1])
+
+
+def test_training_tasks_go_round_in_epochs_and_never_include_held_out_ones() -> None:
+    from pathlib import Path
+
+    from rlbus.consumers.orchestrator.tasks import Source, TaskSource, held_out
+    from rlbus.producers.env import load_environment
+
+    env = load_environment(str(Path(__file__).resolve().parent.parent / "examples" / "reverse_text"),
+                           {"args": {"n": 40}})
+    source = TaskSource([Source(env, 1.0)], "run", held_out_fraction=0.2, seed=0)
+    train = [t.task_id for t in env.tasks("run") if not held_out(t.task_id, 0.2)]
+    drawn = [source.next_train() for _ in range(2 * len(train))]
+    first, second = [t.task_id for t in drawn[:len(train)]], [t.task_id for t in drawn[len(train):]]
+    assert sorted(first) == sorted(second) == sorted(train) and first != second  # each epoch reshuffled
+    assert len({t.event_id for t in drawn}) == len(drawn)  # every publication its own task event

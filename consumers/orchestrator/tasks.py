@@ -10,6 +10,7 @@ the run, the version and the task, so an evaluation repeated for a version keeps
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 import msgspec
 from rlbus.producers.env import Environment
 from rlbus.schemas import TaskPublished, derived_id, uuid7
+
+log = logging.getLogger(__name__)
 
 SPLIT = "split"
 EVAL_VERSION = "eval_version"
@@ -34,18 +37,24 @@ class Source:
 
 
 class TaskSource:
+    """Training tasks drawn by environment weight, each environment's training split in epochs:
+    when one is used up it starts over in a new order (a near-solved environment whose groups
+    are dropped for zero signal goes through its tasks several times faster than steps go)."""
+
     def __init__(self, sources: list[Source], run_id: str, held_out_fraction: float, seed: int):
         self.sources = sources
         self.run_id = run_id
         self.fraction = held_out_fraction
+        self.seed = seed
         self.rng = random.Random(seed)
-        self.streams: dict[str, Iterator[TaskPublished]] = {
-            s.env.id: iter(s.env.tasks(run_id).select(lambda t: not held_out(t.task_id, self.fraction))
-                           .shuffle(seed))
-            for s in sources
-        }
+        self.epochs = {s.env.id: 0 for s in sources}
+        self.streams = {s.env.id: self._epoch(s.env, 0) for s in sources}
         self.published = 0
         self.started = uuid7()
+
+    def _epoch(self, env: Environment, epoch: int) -> Iterator[TaskPublished]:
+        return iter(env.tasks(self.run_id).select(lambda t: not held_out(t.task_id, self.fraction))
+                    .shuffle(self.seed + epoch))
 
     def skip(self, n: int) -> None:
         """Move past `n` training tasks (a resumed run continues with new ones)."""
@@ -54,11 +63,17 @@ class TaskSource:
 
     def next_train(self) -> TaskPublished:
         source = self.rng.choices(self.sources, weights=[s.weight for s in self.sources])[0]
-        try:
-            task = next(self.streams[source.env.id])
-        except StopIteration:
-            raise RuntimeError(f"task set of {source.env.id} is exhausted after {self.published} training tasks; "
-                               "give it more rows or lower max_steps") from None
+        env_id = source.env.id
+        task = next(self.streams[env_id], None)
+        if task is None:
+            self.epochs[env_id] += 1
+            log.info("task set of %s used up after %d training tasks; epoch %d begins", env_id, self.published,
+                     self.epochs[env_id])
+            self.streams[env_id] = self._epoch(source.env, self.epochs[env_id])
+            task = next(self.streams[env_id], None)
+            if task is None:
+                raise RuntimeError(f"task set of {env_id} has no training tasks: no row outside the held-out "
+                                   f"split (held_out_fraction = {self.fraction})")
         self.published += 1
         return msgspec.structs.replace(task, event_id=derived_id(self.run_id, "train-task", self.started, self.published),
                                        run_id=self.run_id, info={**task.info, SPLIT: "train"})
