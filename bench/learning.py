@@ -249,6 +249,8 @@ def main() -> None:
         console.print(f"target held-out exact {target:.3f}: rlbus {t_rl}s, bare {t_bare}s")
         if t_rl is not None and t_bare:
             ratio = t_rl / t_bare
+            console.print(f"ratio without rlbus's process start-up ({rl[0][0]:.0f}s to version 0): "
+                          f"{(t_rl - rl[0][0]) / t_bare:.2f}")
     print(f"RESULT time_to_reward_vs_bare={ratio:.2f} reward_gain={gain:.3f}")
 
 
