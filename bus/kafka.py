@@ -342,10 +342,8 @@ class Bus:
                 await handle([d for _, d in good])
             elif good:
                 dead.extend(await self._handle(position.group, handle, good))
-            if dead:
-                await self.publish_many(dead)
             position.progress.update(offsets)
-            await position.commit()
+            await position.commit(dead)
 
         try:
             while not stop.is_set():
@@ -392,18 +390,16 @@ class Bus:
             finished += 1
 
         async def settle() -> None:
-            """Dead letters out first, then commit every partition up to its oldest running event."""
+            """Commit every partition up to its oldest running event (dead letters out first)."""
             nonlocal finished
             for task in [t for t in running if t.done()]:
                 running.discard(task)
                 task.result()  # handler_errors="raise": stop the consumer, uncommitted
-            if dead:
-                letters = dead[:]
-                await self.publish_many(letters)
-                del dead[:len(letters)]
             if finished:
                 finished = 0
-                await position.commit()
+                letters = dead[:]
+                await position.commit(letters)
+                del dead[:len(letters)]
 
         try:
             while not stop.is_set():
@@ -506,7 +502,10 @@ class _Position:
                                               record.key, tuple(record.headers or ()), self.holds)))
         return good, dead
 
-    async def commit(self) -> None:
+    async def commit(self, dead_letters: Sequence[DeadLetter] = ()) -> None:
+        """Publish `dead_letters` (their messages are among those committed), then commit."""
+        if dead_letters:
+            await self.bus.publish_many(dead_letters)
         assigned = self.consumer.assignment()
         for tp in [tp for tp in self.progress if tp not in assigned]:
             del self.progress[tp]  # revoked: its new owner resumes from the last commit
