@@ -23,6 +23,7 @@ from rlbus.consumers.inference.api import (
     SamplingParams,
     ScoreResult,
 )
+from rlbus.consumers.inference.client import InferenceClient, InferenceError
 from rlbus.consumers.inference.engine import Engine
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.inference.renderer import TemplateRenderer
@@ -181,6 +182,28 @@ async def test_generate_and_score_endpoints(http: httpx.AsyncClient) -> None:
     )
     stats = (await http.get("/v1/stats")).json()
     assert stats["requests_finished"] == 2 and stats["requests_scored"] == 1
+
+
+async def test_inference_client_generates_scores_and_names_failures(
+    server: tuple[str, Engine],
+) -> None:
+    client = InferenceClient(f"{server[0]}/v1", timeout_s=60)
+    try:
+        sampling = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        out = await client.generate([10, 20, 30], sampling)
+        assert len(out.completion_ids) == 6 == len(out.logprobs) and out.policy_version == 0
+        scored = await client.score([10, 20, 30], out.completion_ids, 1.0)
+        assert max(abs(a - b) for a, b in zip(scored, out.logprobs, strict=True)) < 1e-4
+        with pytest.raises(InferenceError, match="temperature must be > 0") as bad:
+            await client.score([1], [2], 0)
+        assert bad.value.status == 400
+    finally:
+        await client.close()
+    down = InferenceClient(f"http://127.0.0.1:{free_port()}/v1")
+    with pytest.raises(InferenceError, match="unreachable") as unreachable:
+        await down.generate([1], {"max_tokens": 1})
+    assert unreachable.value.status == 502
+    await down.close()
 
 
 async def test_64_concurrent_http_requests_are_batched(http: httpx.AsyncClient) -> None:

@@ -78,6 +78,9 @@ class FakeTeacher:
         self.calls.append((prompt_ids, completion_ids, temperature))
         return [-0.25] * len(completion_ids)
 
+    async def close(self) -> None:
+        """Holds no connection."""
+
 
 async def test_opd_advantage_is_teacher_minus_policy_logprob() -> None:
     teacher = FakeTeacher()

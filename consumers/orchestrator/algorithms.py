@@ -53,6 +53,8 @@ class Scored:
 class TokenScorer(Protocol):
     async def score(self, prompt_ids: list[int], completion_ids: list[int], temperature: float) -> list[float]: ...
 
+    async def close(self) -> None: ...
+
 
 @dataclass
 class Context:

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlbus.bus import Bus
+from rlbus.consumers.inference.client import InferenceClient
 from rlbus.consumers.orchestrator.algorithms import Context, make_algorithm
 from rlbus.consumers.orchestrator.join import Joiner
 from rlbus.consumers.orchestrator.tasks import Source, TaskSource
-from rlbus.consumers.orchestrator.teacher import HttpScorer
 from rlbus.consumers.orchestrator.worker import Orchestrator
 from rlbus.producers.env import Environment, load_environment
 
@@ -47,7 +47,7 @@ def build_orchestrator(bus: Bus, cfg: RunConfig, base_dir: Path) -> Orchestrator
             url = algo.teacher_url or (cfg.inference.url if algo.name == "self-distill" else "")
             if not url:
                 raise ValueError(f"envs.{name}: algorithm {algo.name!r} needs algorithm.teacher_url")
-            teacher = HttpScorer(url)
+            teacher = InferenceClient(url)
         ctx = Context(teacher=teacher,
                       encode=lambda text: encode().encode(text, add_special_tokens=False))  # type: ignore[attr-defined]
         algorithms[name] = make_algorithm(algo, ctx)

@@ -254,6 +254,9 @@ async def run_orchestrator(bus: Bus, orchestrator: Orchestrator, stop: asyncio.E
         await bus.consume(GROUP, TOPICS, on_batch=orchestrator.handle, stop=consumer_stop)
     finally:
         watcher.cancel()
+        for algorithm in orchestrator.algorithms.values():
+            if algorithm.ctx.teacher is not None:
+                await algorithm.ctx.teacher.close()
     return orchestrator
 
 

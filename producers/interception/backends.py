@@ -13,10 +13,10 @@ import itertools
 import os
 from typing import Any
 
-import httpx
 import msgspec
 import openai
 
+from rlbus.consumers.inference.client import InferenceClient, InferenceError
 from rlbus.producers.env.config import ModelConfig
 from rlbus.producers.interception.calls import CallResult, ModelCall, Prior, UpstreamError
 from rlbus.producers.interception.messages import assistant_message
@@ -73,13 +73,6 @@ class EvalBackend:
             await client.close()
 
 
-class _Generated(msgspec.Struct):
-    completion_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    policy_version: int = 0
-
-
 class TokenBackend:
     mode = "train"
 
@@ -89,9 +82,8 @@ class TokenBackend:
         if not config.base_url:
             raise ValueError("train mode needs model.base_url (the inference server's /v1 URL)")
         self.model = config.name
-        self.url = config.base_url.rstrip("/") + "/generate"
         self.renderer = renderer or self._renderer(config)
-        self.http = httpx.AsyncClient(timeout=config.timeout_s)
+        self.inference = InferenceClient(config.base_url, config.timeout_s)
 
     @staticmethod
     def _renderer(config: ModelConfig) -> Any:
@@ -111,16 +103,10 @@ class TokenBackend:
             prompt_ids = self.renderer.render(call.messages, tools=call.tools)
         sampling = {"temperature": call.temperature, "top_p": call.top_p, "max_tokens": call.max_tokens,
                     "stop": call.stop, "seed": call.seed}
-        body = {"prompt_ids": prompt_ids, "sampling": {k: v for k, v in sampling.items() if v is not None}}
         try:
-            response = await self.http.post(self.url, content=msgspec.json.encode(body),
-                                            headers={"content-type": "application/json"})
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"inference {self.url} unreachable: {exc!r}") from exc
-        if response.status_code != 200:
-            raise UpstreamError(f"inference {self.url} answered {response.status_code}: {response.text[:500]}",
-                                response.status_code)
-        out = msgspec.json.decode(response.content, type=_Generated)
+            out = await self.inference.generate(prompt_ids, {k: v for k, v in sampling.items() if v is not None})
+        except InferenceError as exc:
+            raise UpstreamError(str(exc), exc.status) from exc
         message = self.renderer.parse(out.completion_ids, tools=call.tools, prompt_ids=prompt_ids)
         return CallResult(message, _finish(out.finish_reason, message), self.model,
                           prompt_tokens=len(prompt_ids), completion_tokens=len(out.completion_ids),
@@ -128,7 +114,7 @@ class TokenBackend:
                           policy_version=out.policy_version)
 
     async def close(self) -> None:
-        await self.http.aclose()
+        await self.inference.close()
 
 
 def make_backend(config: ModelConfig, renderer: Any | None = None) -> EvalBackend | TokenBackend:
