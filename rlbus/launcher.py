@@ -212,17 +212,19 @@ class LocalRun:
     def _run(self, base: Settings, timeout_s: float) -> int:
         run_args = ["--config", str(self.config_path), *self.overrides, "--kafka.bootstrap-servers",
                     base.kafka.bootstrap_servers or "", *(["--resume"] if self.resume else [])]
+        # Every role starts at once (on a small machine their imports and model loads take most
+        # of the start-up, and none needs another to be up first: the orchestrator sends no task
+        # before inference announces the trainer's first version). Only the dashboard, which
+        # opens the store, waits for the sink to hold it.
         sink = self._start("sink", base, [])
-        wait_for(lambda: store_served_elsewhere(base), timeout_s, "the sink to serve the store", processes=(sink,))
         url = self.cfg.inference.url
         if not url:
             port = self.cfg.inference.port or free_port()
-            inference = self._start("inference", base, ["--model", str(Path(self.cfg.model).resolve()), "--port",
-                                                        str(port), "--backend", self.cfg.inference.backend,
-                                                        "--device", self.cfg.inference.device,
-                                                        "--threads", str(self.cfg.inference.threads)])
             url = f"http://127.0.0.1:{port}/v1"
-            wait_for(lambda: _healthy(url), timeout_s, f"inference at {url}", processes=(inference,))
+            self._start("inference", base, ["--model", str(Path(self.cfg.model).resolve()), "--port", str(port),
+                                            "--backend", self.cfg.inference.backend,
+                                            "--device", self.cfg.inference.device,
+                                            "--threads", str(self.cfg.inference.threads)])
         trainer = self._start("trainer", base, run_args)
         orchestrator = self._start("orchestrator", base, [*run_args, "--inference.url", url])
         for name, entry in self.cfg.envs.items():
@@ -231,12 +233,15 @@ class LocalRun:
                 self._start("env", base, [str(path)])
             for _ in range(entry.judges):
                 self._start("judge", base, [str(path)])
+        # Roles that run until stopped, so any exit is a failure (the trainer may end at max_steps).
+        services = tuple(p for p in self.processes if p is not orchestrator and p is not trainer)
+        wait_for(lambda: store_served_elsewhere(base), timeout_s, "the sink to serve the store", processes=services)
+        wait_for(lambda: _healthy(url), timeout_s, f"inference at {url}", processes=services)
         dashboard = Dashboard(self.cfg.run_id, base.store.url)
         with Live(dashboard.refresh(), console=self.console, refresh_per_second=2) as live:
             while orchestrator.alive():
-                for p in self.processes:
-                    if p is not orchestrator and p is not trainer:
-                        p.check()
+                for p in services:
+                    p.check()
                 if not trainer.alive() and trainer.proc.returncode != 0:
                     trainer.check()
                 time.sleep(1.0)

@@ -12,6 +12,12 @@ from typing import Literal, Protocol
 import msgspec
 
 FinishReason = Literal["stop", "length", "abort"]
+BackendKind = Literal["hf", "vllm"]
+"""hf: the built-in transformers engine; vllm: the vLLM adapter (GPU extra)."""
+Arch = Literal["llama", "qwen3"]
+Size = Literal["tiny", "small"]
+TokenizerKind = Literal["bytes"]
+"""Choices of `rlbus model init` (here, not in model_init, so the CLI does not import torch)."""
 
 
 class RequestError(ValueError):

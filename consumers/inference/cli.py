@@ -1,4 +1,4 @@
-"""Command-line entry points: `rlbus model init` and the body of `rlbus worker inference`."""
+"""Command-line entry points: `rlbus model init` and the body of `rlbus worker inference`.\n\ntorch and transformers are imported inside the commands: every `rlbus` invocation imports\nthis module, and most never touch a model.\n"""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlbus.config import Settings
-from rlbus.consumers.inference.model_init import Arch, Size, TokenizerKind, init_model
-from rlbus.consumers.inference.service import BackendKind, build_app, build_backend
+from rlbus.consumers.inference.api import Arch, BackendKind, Size, TokenizerKind
 
 console = Console()
 
@@ -43,6 +42,8 @@ def init(
 ) -> None:
     """Write a Hugging Face model directory (config.json, model.safetensors, tokenizer) to PATH."""
     from transformers.utils import logging as hf_logging
+
+    from rlbus.consumers.inference.model_init import init_model
 
     hf_logging.disable_progress_bar()
     with console.status(f"initialising {arch}/{size} in {path}"):
@@ -82,6 +83,8 @@ def serve(
     """
     import torch
     import uvicorn
+
+    from rlbus.consumers.inference.service import build_app, build_backend
 
     if threads:
         torch.set_num_threads(threads)

@@ -8,16 +8,13 @@ tokenizer is the local byte-level one. The directory loads with plain
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen3Config
 
+from rlbus.consumers.inference.api import Arch, Size, TokenizerKind
 from rlbus.consumers.inference.byte_tokenizer import build_byte_tokenizer
 
-Arch = Literal["llama", "qwen3"]
-Size = Literal["tiny", "small"]
-TokenizerKind = Literal["bytes"]
 
 # tiny: ~0.9M parameters, fast enough on 2 CPU cores for tests and the RL smoke runs
 # (FACTS.md: ~15k tokens/s at batch 64). small: ~27M, for runs that should learn more.

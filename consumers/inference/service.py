@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import torch
 from starlette.types import ASGIApp
 
-from rlbus.consumers.inference.api import InferenceBackend
+from rlbus.consumers.inference.api import BackendKind, InferenceBackend
 from rlbus.consumers.inference.renderer import make_renderer
 from rlbus.consumers.inference.server import create_app
 
-BackendKind = Literal["hf", "vllm"]
 
 
 def build_backend(

@@ -8,7 +8,7 @@ import typer
 
 from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, settings_from
 from rlbus.consumers.inference.cli import model_app, serve
-from rlbus.consumers.inference.service import BackendKind
+from rlbus.consumers.inference.api import BackendKind
 from rlbus.runtime import require_bootstrap
 
 
