@@ -31,7 +31,9 @@ class OrchestratorConfig(Section):
     tasks_per_step: int = Field(16, ge=1)
     """Groups (tasks) per training batch."""
     max_inflight_tasks: int = Field(0, ge=0)
-    """Training tasks published but not yet turned into samples (backpressure); 0: 2 x tasks_per_step."""
+    """Training tasks published but not yet turned into samples (backpressure); 0: as many as are
+    expected to yield two steps' groups (2 x tasks_per_step while every group is kept; more when
+    groups are dropped for zero signal or length, up to 8x that)."""
     max_off_policy_steps: int = Field(2, ge=0)
     """Samples whose oldest token is more versions behind the policy being trained are dropped and counted."""
     seq_len: int = Field(4096, ge=2)

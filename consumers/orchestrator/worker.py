@@ -17,6 +17,7 @@ from rlbus.bus import Bus, Delivery
 from rlbus.consumers.orchestrator.algorithms import Algorithm
 from rlbus.consumers.orchestrator.config import OrchestratorConfig
 from rlbus.consumers.orchestrator.join import Group, Joiner
+from rlbus.consumers.orchestrator.pacing import Pacer
 from rlbus.consumers.orchestrator.tasks import EVAL_VERSION, SPLIT, TaskSource
 from rlbus.consumers.trainer.staleness import filter_stale
 from rlbus.producers.rollouts import group_id_of
@@ -78,7 +79,7 @@ class Orchestrator:
         self.tasks = tasks
         self.algorithms = algorithms
         self.joiner = joiner
-        self.max_inflight = cfg.max_inflight_tasks or 2 * cfg.tasks_per_step
+        self.pacer = Pacer(cfg.tasks_per_step, cfg.max_off_policy_steps, cfg.max_inflight_tasks)
         self.step: int | None = None
         """Batches published so far; None until the trainer has announced its version."""
         self.served = -1
@@ -144,28 +145,12 @@ class Orchestrator:
         self.counts.groups += 1
         if self.cfg.drop_zero_signal and not has_signal(kept):
             self.counts.dropped_zero_signal += 1
-            return
+            kept = []
+        self.pacer.observe(bool(kept))
         if kept:
             self.ready.append(ReadyGroup(kept, [m.scored.reward for m in group.members]))
 
-    # -- pacing and batching --------------------------------------------------------------
-
-    def _async_room(self) -> int:
-        """Tasks that may go out now: within the in-flight bound; only as many as will land in
-        batches no more than max_off_policy_steps ahead of the version inference serves (each
-        would otherwise be sampled only to be dropped as stale); and up to one step's worth
-        beyond max_steps, so that the final batch, like every other, is made of the first
-        groups back instead of waiting for the slowest (the spares are stored, not trained on)."""
-        assert self.step is not None
-        queued = len(self.ready) + len(self.inflight)
-        wanted = (self.max_steps - self.step + 1) * self.cfg.tasks_per_step - queued
-        room = 0
-        while room < min(self.max_inflight - len(self.inflight), wanted):
-            trained_at = self.step + (queued + room) // self.cfg.tasks_per_step
-            if trained_at - max(self.served, 0) > self.cfg.max_off_policy_steps:
-                break
-            room += 1
-        return room
+    # -- pacing (pacing.Pacer) and batching ---------------------------------------------------
 
     async def advance(self) -> None:
         if self.step is None:
@@ -175,7 +160,8 @@ class Orchestrator:
             while len(self.ready) >= self.cfg.tasks_per_step and self.step < self.max_steps:
                 await self._publish_batch(self.cfg.tasks_per_step)
             if self.served >= self.start_version:  # on a resume, inference first loads the trainer's weights
-                await self._publish_tasks(self._async_room())
+                await self._publish_tasks(self.pacer.room(self.step, self.max_steps, len(self.ready),
+                                                          len(self.inflight), self.served))
         elif self.step < self.max_steps:
             if self.collecting:
                 if not self.inflight:  # every group of the step is back (some may have been dropped)

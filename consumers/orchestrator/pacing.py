@@ -1,0 +1,57 @@
+"""How many training tasks the orchestrator may publish now, in async mode.
+
+Tasks are paced in the groups they are expected to yield: when most groups are dropped
+(zero signal on a nearly solved task set, too-long samples), a step needs several times
+`tasks_per_step` tasks, and a bound on tasks alone would starve the trainer. The expected
+yield is the share of the last few steps' training groups that reached a batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+MIN_KEEP_RATE = 1 / 8
+"""Below this the estimate is floored: at most 8x oversampling, however few groups are kept."""
+
+
+class Pacer:
+    def __init__(self, tasks_per_step: int, max_off_policy_steps: int, max_inflight_tasks: int = 0):
+        """`max_inflight_tasks`: a hard bound on tasks in flight; 0: two steps' worth of expected
+        groups."""
+        self.tasks_per_step = tasks_per_step
+        self.max_off_policy_steps = max_off_policy_steps
+        self.max_inflight_tasks = max_inflight_tasks
+        self.kept: deque[bool] = deque(maxlen=4 * tasks_per_step)
+        """Whether each recent training group reached the ready list."""
+
+    def observe(self, kept: bool) -> None:
+        self.kept.append(kept)
+
+    @property
+    def keep_rate(self) -> float:
+        """Expected groups per task (1 until groups have come back)."""
+        if not self.kept:
+            return 1.0
+        return max(MIN_KEEP_RATE, sum(self.kept) / len(self.kept))
+
+    def max_inflight(self) -> int:
+        return self.max_inflight_tasks or math.ceil(2 * self.tasks_per_step / self.keep_rate)
+
+    def room(self, step: int, max_steps: int, ready: int, inflight: int, served: int) -> int:
+        """Tasks that may go out now, at batch `step` with `ready` groups waiting and `inflight`
+        tasks out: within the in-flight bound; only as many as are expected to land in batches
+        no more than max_off_policy_steps ahead of the version inference serves (each would
+        otherwise be sampled only to be dropped as stale); and up to one step's worth beyond
+        max_steps, so that the final batch, like every other, is made of the first groups back
+        instead of waiting for the slowest (the spares are stored, not trained on)."""
+        rate = self.keep_rate
+        groups_wanted = (max_steps - step + 1) * self.tasks_per_step - ready
+        wanted = math.ceil(groups_wanted / rate) - inflight
+        room = 0
+        while room < min(self.max_inflight() - inflight, wanted):
+            trained_at = step + int((ready + (inflight + room) * rate) // self.tasks_per_step)
+            if trained_at - max(served, 0) > self.max_off_policy_steps:
+                break
+            room += 1
+        return room

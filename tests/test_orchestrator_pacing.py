@@ -1,0 +1,50 @@
+"""Task pacing in async mode: in-flight and staleness bounds counted in the groups tasks are
+expected to yield, so dropped groups (zero signal) do not starve the trainer."""
+
+from __future__ import annotations
+
+from rlbus.consumers.orchestrator.pacing import MIN_KEEP_RATE, Pacer
+
+
+def observed(pacer: Pacer, kept: int, dropped: int) -> Pacer:
+    for i in range(kept + dropped):
+        pacer.observe(i < kept)
+    return pacer
+
+
+def test_every_group_kept_paces_two_steps_of_tasks() -> None:
+    pacer = Pacer(tasks_per_step=16, max_off_policy_steps=2)
+    assert pacer.keep_rate == 1.0 and pacer.max_inflight() == 32
+    assert pacer.room(step=0, max_steps=100, ready=0, inflight=0, served=0) == 32
+    assert pacer.room(step=0, max_steps=100, ready=0, inflight=30, served=0) == 2
+    # Inference serves version 3 while batch 5 is next: only what lands in batch 5 may go out.
+    assert pacer.room(step=5, max_steps=100, ready=10, inflight=0, served=3) == 6
+
+
+def test_dropped_groups_raise_the_bounds_in_proportion() -> None:
+    pacer = observed(Pacer(tasks_per_step=16, max_off_policy_steps=2), kept=16, dropped=48)
+    assert pacer.keep_rate == 0.25 and pacer.max_inflight() == 128
+    assert pacer.room(step=0, max_steps=100, ready=0, inflight=0, served=0) == 128
+    # Staleness: batch 5 needs 6 more groups, which 24 tasks are expected to yield.
+    assert pacer.room(step=5, max_steps=100, ready=10, inflight=0, served=3) == 24
+
+
+def test_keep_rate_has_a_floor_and_an_explicit_bound_is_hard() -> None:
+    starved = observed(Pacer(tasks_per_step=16, max_off_policy_steps=2), kept=0, dropped=64)
+    assert starved.keep_rate == MIN_KEEP_RATE and starved.max_inflight() == 256
+    bounded = observed(Pacer(tasks_per_step=16, max_off_policy_steps=2, max_inflight_tasks=40), kept=1, dropped=63)
+    assert bounded.room(step=0, max_steps=100, ready=0, inflight=0, served=0) == 40
+
+
+def test_the_estimate_follows_recent_groups() -> None:
+    pacer = observed(Pacer(tasks_per_step=4, max_off_policy_steps=2), kept=0, dropped=16)
+    assert pacer.keep_rate == MIN_KEEP_RATE
+    observed(pacer, kept=16, dropped=0)  # the window is 4 steps of groups: the drops are forgotten
+    assert pacer.keep_rate == 1.0
+
+
+def test_spares_beyond_max_steps_are_one_step_of_expected_groups() -> None:
+    pacer = observed(Pacer(tasks_per_step=16, max_off_policy_steps=8), kept=32, dropped=32)
+    # The last batch (step 9 of 10) and one spare step: 32 groups wanted, 16 ready, half kept.
+    assert pacer.room(step=9, max_steps=10, ready=16, inflight=0, served=9) == 32
+    assert pacer.room(step=9, max_steps=10, ready=16, inflight=32, served=9) == 0
