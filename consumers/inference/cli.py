@@ -1,4 +1,8 @@
-"""Command-line entry points: `rlbus model init` and the body of `rlbus worker inference`.\n\ntorch and transformers are imported inside the commands: every `rlbus` invocation imports\nthis module, and most never touch a model.\n"""
+"""Command-line entry points: `rlbus model init` and the body of `rlbus worker inference`.
+
+torch and transformers are imported inside the commands: every `rlbus` invocation imports
+this module, and most never touch a model.
+"""
 
 from __future__ import annotations
 
