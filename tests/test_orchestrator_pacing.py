@@ -1,9 +1,12 @@
 """Task pacing in async mode: in-flight and staleness bounds counted in the groups tasks are
-expected to yield, so dropped groups (zero signal) do not starve the trainer."""
+expected to yield, so dropped groups (zero signal) do not starve the trainer; and which ready
+groups a batch takes."""
 
 from __future__ import annotations
 
 from rlbus.consumers.orchestrator.pacing import MIN_KEEP_RATE, Pacer
+from rlbus.consumers.orchestrator.worker import ReadyGroup, take_oldest
+from rlbus.schemas import TrainSample
 
 
 def observed(pacer: Pacer, kept: int, dropped: int) -> Pacer:
@@ -48,3 +51,17 @@ def test_spares_beyond_max_steps_are_one_step_of_expected_groups() -> None:
     # The last batch (step 9 of 10) and one spare step: 32 groups wanted, 16 ready, half kept.
     assert pacer.room(step=9, max_steps=10, ready=16, inflight=0, served=9) == 32
     assert pacer.room(step=9, max_steps=10, ready=16, inflight=32, served=9) == 0
+
+
+def group(name: str, *versions: int) -> ReadyGroup:
+    return ReadyGroup([TrainSample(rollout_id=f"{name}{i}", input_ids=b"", loss_mask=b"", advantages=b"",
+                                   inference_logprobs=b"", policy_version=v) for i, v in enumerate(versions)],
+                      [0.0] * len(versions))
+
+
+def test_a_batch_takes_the_groups_sampled_longest_ago_first() -> None:
+    # Arrival order: a fresh group came back before two older ones (rollouts finish out of order).
+    ready = [group("a", 7, 7), group("b", 5, 6), group("c", 6, 6), group("d", 5, 5)]
+    taken, rest = take_oldest(ready, 2)
+    assert [g.samples[0].rollout_id for g in taken] == ["b0", "d0"]  # oldest first, arrival order among equals
+    assert [g.samples[0].rollout_id for g in rest] == ["c0", "a0"]

@@ -53,6 +53,18 @@ class ReadyGroup:
     samples: list[TrainSample]
     rewards: list[float]
 
+    @property
+    def oldest_version(self) -> int:
+        return min(s.policy_version for s in self.samples)
+
+
+def take_oldest(ready: list[ReadyGroup], groups: int) -> tuple[list[ReadyGroup], list[ReadyGroup]]:
+    """The `groups` sampled longest ago (in arrival order among equals), and the rest. Rollouts
+    come back out of order: a group near the staleness bound goes into this batch before it
+    expires, while a fresher one can wait a step."""
+    ordered = sorted(ready, key=lambda g: g.oldest_version)
+    return ordered[:groups], ordered[groups:]
+
 
 @dataclass
 class Evaluation:
@@ -202,7 +214,7 @@ class Orchestrator:
 
     async def _publish_batch(self, groups: int) -> None:
         assert self.step is not None
-        taken, self.ready = self.ready[:groups], self.ready[groups:]
+        taken, self.ready = take_oldest(self.ready, groups)
         fresh = filter_stale([s for g in taken for s in g.samples], self.step, self.cfg.max_off_policy_steps)
         self.counts.dropped_stale += fresh.dropped
         self.counts.samples += len(fresh.kept)
