@@ -48,8 +48,8 @@ class Pacer:
         rate = self.keep_rate
         groups_wanted = (max_steps - step + 1) * self.tasks_per_step - ready
         wanted = math.ceil(groups_wanted / rate) - inflight
-        room = 0
-        while room < min(self.max_inflight() - inflight, wanted):
+        room, limit = 0, min(self.max_inflight() - inflight, wanted)
+        while room < limit:
             trained_at = step + int((ready + (inflight + room) * rate) // self.tasks_per_step)
             if trained_at - max(served, 0) > self.max_off_policy_steps:
                 break
