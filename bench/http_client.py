@@ -19,8 +19,6 @@ import asyncio
 import resource
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -31,6 +29,8 @@ from rich.table import Table
 
 from rlbus.bus import free_port
 from rlbus.consumers.inference.client import InferenceClient
+from rlbus.launcher import healthy
+from rlbus.processes import wait_for
 
 SERVER = """
 import asyncio, sys
@@ -96,17 +96,6 @@ async def httpx_client(url: str, requests: int, concurrency: int) -> float:
         return await timed(post, requests, concurrency)
 
 
-def wait_healthy(url: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(f"the canned server at {url} did not start in {timeout_s:.0f}s")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=3000)
@@ -118,7 +107,7 @@ def main() -> None:
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(port)])
     results: dict[str, list[float]] = {"InferenceClient (aiohttp)": [], "httpx.AsyncClient": []}
     try:
-        wait_healthy(url)
+        wait_for(lambda: healthy(url), 30, f"the canned server at {url}")
         with Progress(console=console) as progress:
             task = progress.add_task("trials", total=2 * args.trials)
             for _ in range(args.trials):

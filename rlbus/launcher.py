@@ -116,7 +116,8 @@ def env_file(entry: EnvEntry, name: str, base_dir: Path, out_dir: Path, model: s
     return out
 
 
-def _healthy(url: str) -> bool:
+def healthy(url: str) -> bool:
+    """Whether the server behind a /v1 URL answers GET /health."""
     try:
         with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=2) as r:
             return r.status == 200
@@ -236,7 +237,7 @@ class LocalRun:
         # Roles that run until stopped, so any exit is a failure (the trainer may end at max_steps).
         services = tuple(p for p in self.processes if p is not orchestrator and p is not trainer)
         wait_for(lambda: store_served_elsewhere(base), timeout_s, "the sink to serve the store", processes=services)
-        wait_for(lambda: _healthy(url), timeout_s, f"inference at {url}", processes=services)
+        wait_for(lambda: healthy(url), timeout_s, f"inference at {url}", processes=services)
         dashboard = Dashboard(self.cfg.run_id, base.store.url)
         with Live(dashboard.refresh(), console=self.console, refresh_per_second=2) as live:
             while orchestrator.alive():

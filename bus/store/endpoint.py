@@ -23,7 +23,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import chdb
 
-from rlbus.bus.store.holder import endpoint_file, write_endpoint
+from rlbus.bus.store.holder import withdraw_endpoint, write_endpoint
 from rlbus.bus.store.sqltext import (
     SqlTextError,
     quote,
@@ -279,7 +279,7 @@ class Endpoint:
             probe.close()
         self._server = _Server((host, port), engine_path, timezone)
         self.url = f"http://{host}:{self._server.server_port}"
-        self._file = endpoint_file(Path(engine_path))
+        self._data_dir = Path(engine_path)
         self._thread = threading.Thread(
             target=self._server.serve_forever,
             kwargs={"poll_interval": 0.1},
@@ -287,17 +287,13 @@ class Endpoint:
             daemon=True,
         )
         self._thread.start()
-        write_endpoint(Path(engine_path), self.url)
+        write_endpoint(self._data_dir, self.url)
 
     def close(self) -> None:
         """Stop serving, wait for in-flight requests, and withdraw the URL file."""
         if not self._thread.is_alive():
             return
-        try:
-            if self._file.read_text().split("\n", 1)[0].strip() == self.url:
-                self._file.unlink()
-        except FileNotFoundError:
-            pass
+        withdraw_endpoint(self._data_dir, self.url)
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()

@@ -48,6 +48,12 @@ def write_endpoint(data_dir: Path, url: str) -> None:
     staging.replace(target)
 
 
+def withdraw_endpoint(data_dir: Path, url: str) -> None:
+    """Remove the announcement of `url`, unless another holder has announced its own since."""
+    if read_endpoint(data_dir) == url:
+        endpoint_file(data_dir).unlink(missing_ok=True)
+
+
 def read_endpoint(data_dir: Path) -> str | None:
     """The announced endpoint URL, unless the process that announced it is gone (a holder
     killed without withdrawing it, whose successor has not announced its own yet)."""
