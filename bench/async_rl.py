@@ -31,18 +31,18 @@ sys.path.insert(0, str(ROOT / "examples"))
 import recipe
 from rich.console import Console
 from rich.table import Table
+
 from rlbus.bus import Bus, Delivery, EmbeddedBroker
 from rlbus.bus.store import open_store
+from rlbus.config import load_settings
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.trainer.batching import micro_batches
 from rlbus.consumers.trainer.config import TrainerConfig
 from rlbus.consumers.trainer.engine import Trainer
 from rlbus.consumers.trainer.model import load_policy
+from rlbus.launcher import RunConfig, run_in_process
 from rlbus.producers.interception.scripted import ScriptedModel, ScriptedServer
 from rlbus.schemas import TrainBatch, WeightLoaded, WeightVersion, derived_id
-
-from rlbus.config import load_settings
-from rlbus.launcher import RunConfig, run_in_process
 
 console = Console()
 EXAMPLE = ROOT / "examples" / "reverse_text"
@@ -74,42 +74,90 @@ def acknowledge(scripted: ScriptedModel, run_id: str):
             for d in deliveries:
                 if isinstance(d.event, WeightVersion) and d.event.run_id == run_id:
                     scripted.policy_version = max(scripted.policy_version, d.event.version)
-                    await bus.publish(WeightLoaded(event_id=derived_id("scripted", run_id, d.event.version),
-                                                   run_id=run_id, version=d.event.version, worker_id="scripted"))
+                    await bus.publish(
+                        WeightLoaded(
+                            event_id=derived_id("scripted", run_id, d.event.version),
+                            run_id=run_id,
+                            version=d.event.version,
+                            worker_id="scripted",
+                        )
+                    )
 
         await bus.consume(f"scripted-{run_id}", ["weights"], on_batch=on_batch, stop=stop)
 
     return role
 
 
-def run_mode(mode: str, workdir: Path, bootstrap: str, model: Path, args: argparse.Namespace) -> dict:
+def run_mode(
+    mode: str, workdir: Path, bootstrap: str, model: Path, args: argparse.Namespace
+) -> dict:
     run_id = f"bench-{mode}"
-    scripted = ScriptedModel(tokens=half_right(args.seed), model="scripted", record=False,
-                             delay_s=lognormal_delay(args.median_s, args.sigma, args.seed))
+    scripted = ScriptedModel(
+        tokens=half_right(args.seed),
+        model="scripted",
+        record=False,
+        delay_s=lognormal_delay(args.median_s, args.sigma, args.seed),
+    )
     with ScriptedServer(scripted) as server:
-        cfg = load_settings(EXAMPLE / "rl.toml", model=RunConfig, overrides={
-            "run_id": run_id, "model": str(model), "max_steps": args.steps,
-            "kafka": {"bootstrap_servers": bootstrap, "partitions": args.producers, "topic_prefix": f"{run_id}."},
-            "store": {"url": f"chdb://{workdir / 'store'}"}, "claim_check": {"url": str(workdir / "claims")},
-            "inference": {"url": server.url + "/v1"},
-            "orchestrator": {"mode": mode, "tasks_per_step": args.tasks_per_step, "eval_every": 0,
-                             "max_off_policy_steps": args.max_off_policy,
-                             "max_inflight_tasks": args.tasks_per_step * (args.max_off_policy + 1)},
-            "trainer": {"checkpoint_url": str(workdir / "ckpt" / run_id), "threads": 1},
-            "envs": {"reverse_text": {"path": str(EXAMPLE / "env.toml"), "producers": args.producers, "overrides": {
-                "group_size": args.group_size, "max_concurrent_rollouts": 512}}},
-        })
+        cfg = load_settings(
+            EXAMPLE / "rl.toml",
+            model=RunConfig,
+            overrides={
+                "run_id": run_id,
+                "model": str(model),
+                "max_steps": args.steps,
+                "kafka": {
+                    "bootstrap_servers": bootstrap,
+                    "partitions": args.producers,
+                    "topic_prefix": f"{run_id}.",
+                },
+                "store": {"url": f"chdb://{workdir / 'store'}"},
+                "claim_check": {"url": str(workdir / "claims")},
+                "inference": {"url": server.url + "/v1"},
+                "orchestrator": {
+                    "mode": mode,
+                    "tasks_per_step": args.tasks_per_step,
+                    "eval_every": 0,
+                    "max_off_policy_steps": args.max_off_policy,
+                    "max_inflight_tasks": args.tasks_per_step * (args.max_off_policy + 1),
+                },
+                "trainer": {"checkpoint_url": str(workdir / "ckpt" / run_id), "threads": 1},
+                "envs": {
+                    "reverse_text": {
+                        "path": str(EXAMPLE / "env.toml"),
+                        "producers": args.producers,
+                        "overrides": {
+                            "group_size": args.group_size,
+                            "max_concurrent_rollouts": 512,
+                        },
+                    }
+                },
+            },
+        )
         assert isinstance(cfg, RunConfig)
-        asyncio.run(run_in_process(cfg, EXAMPLE, extra=[acknowledge(scripted, run_id)], timeout_s=1800))
+        asyncio.run(
+            run_in_process(cfg, EXAMPLE, extra=[acknowledge(scripted, run_id)], timeout_s=1800)
+        )
     with open_store(cfg.store.url, read_only=True) as store:
         p = {"r": run_id}
-        start = store.query("SELECT min(toUnixTimestamp64Micro(ts)) / 1e6 FROM weight_versions FINAL "
-                            "WHERE run_id = {r:String} AND version = 0", p).rows[0][0]
-        steps = store.query("SELECT max(toUnixTimestamp64Micro(ts)) / 1e6, median(tokens_per_s), "
-                            "groupArray(staleness) FROM train_steps FINAL WHERE run_id = {r:String}", p).rows[0]
+        start = store.query(
+            "SELECT min(toUnixTimestamp64Micro(ts)) / 1e6 FROM weight_versions FINAL "
+            "WHERE run_id = {r:String} AND version = 0",
+            p,
+        ).rows[0][0]
+        steps = store.query(
+            "SELECT max(toUnixTimestamp64Micro(ts)) / 1e6, median(tokens_per_s), "
+            "groupArray(staleness) FROM train_steps FINAL WHERE run_id = {r:String}",
+            p,
+        ).rows[0]
         batches = store.read_events(TrainBatch, "run_id = {r:String}", parameters=p)
     behind = sorted({int(k) for histogram in steps[2] for k in histogram})
-    return {"wall": steps[0] - start, "tokens_per_s": steps[1], "staleness": behind, "batches": batches}
+    return {
+        "wall": steps[0] - start,
+        "tokens_per_s": steps[1],
+        "staleness": behind,
+        "batches": batches,
+    }
 
 
 def bare_tokens_per_s(model: Path, batches: list[TrainBatch], budget: int) -> float:
@@ -124,7 +172,11 @@ def bare_tokens_per_s(model: Path, batches: list[TrainBatch], budget: int) -> fl
         total = max(1, sum(int((mb.loss_mask > 0).sum()) for mb in mbs))
         for mb in mbs:
             logits = policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
-            logp = torch.log_softmax(logits.float(), -1).gather(-1, mb.input_ids[:, 1:, None]).squeeze(-1)
+            logp = (
+                torch.log_softmax(logits.float(), -1)
+                .gather(-1, mb.input_ids[:, 1:, None])
+                .squeeze(-1)
+            )
             m = (mb.loss_mask[:, 1:] > 0).float()
             (-(mb.advantages[:, 1:] * logp * m).sum() / total).backward()
             tokens += mb.num_tokens
@@ -152,9 +204,13 @@ def main() -> None:
     parser.add_argument("--tasks-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-off-policy", type=int, default=4)
-    parser.add_argument("--median-s", type=float, default=0.3, help="median scripted inference delay")
+    parser.add_argument(
+        "--median-s", type=float, default=0.3, help="median scripted inference delay"
+    )
     parser.add_argument("--sigma", type=float, default=1.2, help="log-normal sigma of the delay")
-    parser.add_argument("--producers", type=int, default=1, help="env producers (one per tasks partition)")
+    parser.add_argument(
+        "--producers", type=int, default=1, help="env producers (one per tasks partition)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="rlbus-async-"))
@@ -166,9 +222,16 @@ def main() -> None:
         for mode in ("sync", "async"):
             results[mode] = run_mode(mode, workdir, broker.bootstrap_servers, model, args)
             console.print(f"{mode}: {results[mode]['wall']:.1f}s for {args.steps} steps")
-    table = Table("mode", "wall s", "trainer tokens/s (in run)", "staleness seen", title=(
-        f"{args.steps} steps x {args.tasks_per_step} tasks x {args.group_size} rollouts; inference delay "
-        f"lognormal(median {args.median_s}s, sigma {args.sigma})"))
+    table = Table(
+        "mode",
+        "wall s",
+        "trainer tokens/s (in run)",
+        "staleness seen",
+        title=(
+            f"{args.steps} steps x {args.tasks_per_step} tasks x {args.group_size} rollouts; inference delay "
+            f"lognormal(median {args.median_s}s, sigma {args.sigma})"
+        ),
+    )
     for mode, r in results.items():
         table.add_row(mode, f"{r['wall']:.1f}", f"{r['tokens_per_s']:,.0f}", str(r["staleness"]))
     console.print(table)
@@ -176,10 +239,14 @@ def main() -> None:
     cfg = TrainerConfig()
     engine = engine_tokens_per_s(model, batches, cfg)
     bare = bare_tokens_per_s(model, batches, cfg.micro_batch_tokens)
-    console.print(f"trainer step {engine:,.0f} tokens/s vs bare torch loop {bare:,.0f} tokens/s "
-                  f"on the async run's {len(batches)} batches")
-    print(f"RESULT async_speedup={results['sync']['wall'] / results['async']['wall']:.2f} "
-          f"trainer_vs_bare_torch={engine / bare:.2f}")
+    console.print(
+        f"trainer step {engine:,.0f} tokens/s vs bare torch loop {bare:,.0f} tokens/s "
+        f"on the async run's {len(batches)} batches"
+    )
+    print(
+        f"RESULT async_speedup={results['sync']['wall'] / results['async']['wall']:.2f} "
+        f"trainer_vs_bare_torch={engine / bare:.2f}"
+    )
 
 
 if __name__ == "__main__":

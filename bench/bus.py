@@ -42,20 +42,40 @@ def make_records(n: int, tokens: int, run_id: str) -> list[TokenRecord]:
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 32_000, (n, tokens), dtype=np.uint32)
     lps = -rng.random((n, tokens), dtype=np.float32)
-    return [TokenRecord(rollout_id=derived_id("r", i), call_index=0, run_id=run_id,
-                        prompt_ids=pack_tokens(ids[i, :8]), completion_ids=pack_tokens(ids[i]),
-                        logprobs=pack_logprobs(lps[i]), policy_version=1) for i in range(n)]
+    return [
+        TokenRecord(
+            rollout_id=derived_id("r", i),
+            call_index=0,
+            run_id=run_id,
+            prompt_ids=pack_tokens(ids[i, :8]),
+            completion_ids=pack_tokens(ids[i]),
+            logprobs=pack_logprobs(lps[i]),
+            policy_version=1,
+        )
+        for i in range(n)
+    ]
 
 
 async def bare_aiokafka(bootstrap: str, payloads: list[bytes]) -> float:
     """Seconds to produce all payloads and consume them back, consumer already joined."""
     topic = "bare.tokens"
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
-                                max_batch_size=1024 * 1024, max_request_size=4 * 1024 * 1024)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        linger_ms=5,
+        max_batch_size=1024 * 1024,
+        max_request_size=4 * 1024 * 1024,
+    )
     await producer.start()
     await producer.send_and_wait(topic, b"warm-up")
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id="bare", enable_auto_commit=False,
-                                auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1024 * 1024)
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id="bare",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+    )
     await consumer.start()
     while not await consumer.getmany(timeout_ms=1000):
         pass  # until the group is joined and the warm-up message is in
@@ -69,7 +89,9 @@ async def bare_aiokafka(bootstrap: str, payloads: list[bytes]) -> float:
 
     start = time.perf_counter()
     consuming = asyncio.create_task(consume())
-    futures = [await producer.send(topic, p, key=str(i % 64).encode()) for i, p in enumerate(payloads)]
+    futures = [
+        await producer.send(topic, p, key=str(i % 64).encode()) for i, p in enumerate(payloads)
+    ]
     await asyncio.gather(*futures)
     await consuming
     elapsed = time.perf_counter() - start
@@ -80,14 +102,17 @@ async def bare_aiokafka(bootstrap: str, payloads: list[bytes]) -> float:
 
 def stored(settings: Settings) -> int:
     with open_store(settings.store.url, read_only=True) as store:
-        return int(store.query("SELECT count() FROM tokens WHERE run_id = {r:String}",
-                               {"r": settings.run_id}).rows[0][0])
+        return int(
+            store.query(
+                "SELECT count() FROM tokens WHERE run_id = {r:String}", {"r": settings.run_id}
+            ).rows[0][0]
+        )
 
 
 async def publish(settings: Settings, events: list[TokenRecord]) -> None:
     async with Bus(settings) as bus:
         for i in range(0, len(events), 5000):
-            await bus.publish_many(events[i:i + 5000])
+            await bus.publish_many(events[i : i + 5000])
 
 
 def pipeline(settings: Settings, events: list[TokenRecord], logs: Path) -> float:
@@ -100,7 +125,13 @@ def pipeline(settings: Settings, events: list[TokenRecord], logs: Path) -> float
         wait_for(lambda: stored(warm) == 1, 60, "the warm-up row", processes=(sink,))
         start = time.perf_counter()
         asyncio.run(publish(settings, events))
-        wait_for(lambda: stored(settings) >= len(events), 600, "all rows", interval_s=0.05, processes=(sink,))
+        wait_for(
+            lambda: stored(settings) >= len(events),
+            600,
+            "all rows",
+            interval_s=0.05,
+            processes=(sink,),
+        )
         return time.perf_counter() - start
     finally:
         sink.stop()
@@ -115,7 +146,7 @@ def sink_vs_chdb(settings: Settings, payloads: list[bytes]) -> tuple[float, floa
         start = time.perf_counter()
         for i in range(0, len(payloads), batch):
             deliveries = []
-            for offset, raw in enumerate(payloads[i:i + batch], start=i):
+            for offset, raw in enumerate(payloads[i : i + batch], start=i):
                 event = codec.decode("tokens", raw)
                 event.run_id = run
                 deliveries.append(Delivery(event, "tokens", 0, offset))
@@ -125,7 +156,7 @@ def sink_vs_chdb(settings: Settings, payloads: list[bytes]) -> tuple[float, floa
         store.command("CREATE TABLE IF NOT EXISTS tokens_bare AS tokens")
         tables = []
         for i in range(0, len(payloads), batch):
-            events = [codec.decode("tokens", raw) for raw in payloads[i:i + batch]]
+            events = [codec.decode("tokens", raw) for raw in payloads[i : i + batch]]
             tables.append(events_to_arrow(events, [(0, o) for o in range(i, i + len(events))]))
         conn = chdb.connect(str(store.data_dir))
         start = time.perf_counter()
@@ -146,13 +177,20 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
-        settings = load_settings(overrides={
-            "run_id": "bench", "kafka": {"bootstrap_servers": broker.bootstrap_servers},
-            "store": {"url": f"chdb://{tmp}/store"}, "claim_check": {"url": f"{tmp}/claims"}})
+        settings = load_settings(
+            overrides={
+                "run_id": "bench",
+                "kafka": {"bootstrap_servers": broker.bootstrap_servers},
+                "store": {"url": f"chdb://{tmp}/store"},
+                "claim_check": {"url": f"{tmp}/claims"},
+            }
+        )
         events = make_records(args.events, args.tokens, settings.run_id)
         payloads = [codec.encode(e) for e in events]
-        console.print(f"{args.events:,} TokenRecords of {args.tokens} tokens, "
-                      f"{sum(map(len, payloads)) / len(payloads):.0f} bytes each")
+        console.print(
+            f"{args.events:,} TokenRecords of {args.tokens} tokens, "
+            f"{sum(map(len, payloads)) / len(payloads):.0f} bytes each"
+        )
         bare_s = asyncio.run(bare_aiokafka(broker.bootstrap_servers, payloads))
         pipe_s = pipeline(settings, events, Path(tmp) / "logs")
         sink_rps, chdb_rps = sink_vs_chdb(settings, payloads)
@@ -163,10 +201,20 @@ def main() -> None:
         table.add_column(col, justify="left" if col in ("path", "baseline") else "right")
     pipeline_ratio = (n / pipe_s) / (n / bare_s)
     sink_ratio = sink_rps / chdb_rps
-    table.add_row("publish → broker → sink → ClickHouse", f"{n / pipe_s:,.0f}", "bare aiokafka produce+consume",
-                  f"{n / bare_s:,.0f}", f"{pipeline_ratio:.2f}")
-    table.add_row("sink: decode + Arrow + insert", f"{sink_rps:,.0f}", "bare chdb Arrow insert",
-                  f"{chdb_rps:,.0f}", f"{sink_ratio:.2f}")
+    table.add_row(
+        "publish → broker → sink → ClickHouse",
+        f"{n / pipe_s:,.0f}",
+        "bare aiokafka produce+consume",
+        f"{n / bare_s:,.0f}",
+        f"{pipeline_ratio:.2f}",
+    )
+    table.add_row(
+        "sink: decode + Arrow + insert",
+        f"{sink_rps:,.0f}",
+        "bare chdb Arrow insert",
+        f"{chdb_rps:,.0f}",
+        f"{sink_ratio:.2f}",
+    )
     console.print(table)
     print(f"RESULT pipeline_vs_aiokafka={pipeline_ratio:.3f} sink_vs_chdb={sink_ratio:.3f}")
 

@@ -30,7 +30,9 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 
 def start_server() -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "rlbus.producers.interception.scripted", "--port", str(port)])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlbus.producers.interception.scripted", "--port", str(port)]
+    )
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -50,8 +52,9 @@ async def plain_loop(url: str, prompts: list[list[dict]], concurrency: int) -> f
 
     async def one(messages: list[dict]) -> str:
         async with limit:
-            reply = await client.chat.completions.create(model="scripted", messages=messages, max_tokens=64,
-                                                         temperature=0.7)
+            reply = await client.chat.completions.create(
+                model="scripted", messages=messages, max_tokens=64, temperature=0.7
+            )
             return reply.choices[0].message.content or ""
 
     await asyncio.gather(*(one(p) for p in prompts[:concurrency]))  # warm the connection pool
@@ -70,21 +73,29 @@ def main() -> None:
     args = parser.parse_args()
     server, url = start_server()
     try:
-        env = load_environment(str(EXAMPLE), env_overrides("scripted", url, 1, args.concurrency, None, None))
+        env = load_environment(
+            str(EXAMPLE), env_overrides("scripted", url, 1, args.concurrency, None, None)
+        )
         prompts = [env.taskset.messages(t) for t in env.tasks().take(args.rollouts)]
         plain = asyncio.run(plain_loop(url, prompts, args.concurrency))
         print(f"plain asyncio loop (openai client, no persistence): {plain:,.0f} rollouts/s")
         with tempfile.TemporaryDirectory() as tmp:
-            settings = load_settings(overrides={"store": {"url": f"chdb://{tmp}/store"},
-                                                "claim_check": {"url": f"file://{tmp}/claims"}})
+            settings = load_settings(
+                overrides={
+                    "store": {"url": f"chdb://{tmp}/store"},
+                    "claim_check": {"url": f"file://{tmp}/claims"},
+                }
+            )
             started = time.monotonic()
             result = run_eval(env, settings, n=args.rollouts, show_progress=False)
             total = time.monotonic() - started
         assert result.report.rollouts == args.rollouts and result.tally.errors == 0, result.report
         ours = result.tally.rollouts / result.seconds
-        print(f"rlbus eval (bus + sink + ClickHouse): {ours:,.0f} rollouts/s "
-              f"({result.tally.rollouts:,} rollouts, {result.seconds:.1f}s to the last score stored; "
-              f"{total - result.seconds:.1f}s broker/sink start-up and report)")
+        print(
+            f"rlbus eval (bus + sink + ClickHouse): {ours:,.0f} rollouts/s "
+            f"({result.tally.rollouts:,} rollouts, {result.seconds:.1f}s to the last score stored; "
+            f"{total - result.seconds:.1f}s broker/sink start-up and report)"
+        )
         print(f"mean reward {result.report.mean_reward:.3f}, concurrency {args.concurrency}")
         print(f"RESULT eval_vs_plain_loop={ours / plain:.3f}")
     finally:

@@ -89,8 +89,11 @@ async def rlbus_client(url: str, requests: int, concurrency: int) -> float:
 async def httpx_client(url: str, requests: int, concurrency: int) -> float:
     body = msgspec.json.encode({"prompt_ids": PROMPT, "sampling": SAMPLING})
     async with httpx.AsyncClient(timeout=60) as client:
+
         async def post() -> object:
-            response = await client.post(url + "/generate", content=body, headers={"content-type": "application/json"})
+            response = await client.post(
+                url + "/generate", content=body, headers={"content-type": "application/json"}
+            )
             return msgspec.json.decode(response.content)
 
         return await timed(post, requests, concurrency)
@@ -117,10 +120,16 @@ def main() -> None:
     finally:
         server.kill()
         server.wait()
-    table = Table("client", "CPU ms per request (best)", "all trials", title=f"{args.requests} requests at "
-                                                                             f"concurrency {args.concurrency}")
+    table = Table(
+        "client",
+        "CPU ms per request (best)",
+        "all trials",
+        title=f"{args.requests} requests at concurrency {args.concurrency}",
+    )
     for name, per_request in results.items():
-        table.add_row(name, f"{min(per_request) * 1e3:.3f}", "  ".join(f"{x * 1e3:.3f}" for x in per_request))
+        table.add_row(
+            name, f"{min(per_request) * 1e3:.3f}", "  ".join(f"{x * 1e3:.3f}" for x in per_request)
+        )
     console.print(table)
     ours, theirs = (min(v) for v in results.values())
     print(f"RESULT client_cpu_vs_httpx={ours / theirs:.3f}")

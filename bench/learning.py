@@ -32,8 +32,11 @@ sys.path.insert(0, str(ROOT / "examples"))
 import recipe
 from rich.console import Console
 from rich.table import Table
+
 from rlbus.bus import EmbeddedBroker
 from rlbus.bus.store import open_store
+from rlbus.commands.run import ReplayConfig
+from rlbus.config import load_settings
 from rlbus.consumers.judge import Scorer
 from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig, group_advantages
 from rlbus.consumers.orchestrator.replay import stored_samples
@@ -43,68 +46,116 @@ from rlbus.consumers.trainer.config import TrainerConfig
 from rlbus.consumers.trainer.engine import Trainer
 from rlbus.consumers.trainer.model import load_policy
 from rlbus.consumers.trainer.sft import train_sft
+from rlbus.launcher import LocalRun, RunConfig
 from rlbus.producers.env import load_environment
 from rlbus.schemas import RolloutCompleted, TrainSample
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
-
-from rlbus.commands.run import ReplayConfig
-from rlbus.config import load_settings
-from rlbus.launcher import LocalRun, RunConfig
 
 console = Console()
 
 
 def settings_for(workdir: Path, bootstrap: str, run_id: str) -> dict:
-    return {"run_id": run_id, "kafka": {"bootstrap_servers": bootstrap},
-            "store": {"url": f"chdb://{workdir / 'store'}"}, "claim_check": {"url": str(workdir / "claims")}}
+    return {
+        "run_id": run_id,
+        "kafka": {"bootstrap_servers": bootstrap},
+        "store": {"url": f"chdb://{workdir / 'store'}"},
+        "claim_check": {"url": str(workdir / "claims")},
+    }
 
 
-def sft_stage(example: recipe.Example, workdir: Path, bootstrap: str, teacher_tasks: int,
-              sft: ReplayConfig) -> tuple[Path, float]:
+def sft_stage(
+    example: recipe.Example, workdir: Path, bootstrap: str, teacher_tasks: int, sft: ReplayConfig
+) -> tuple[Path, float]:
     """Teacher rollouts -> store -> SFT model; returns its path and the seconds it took."""
     started = time.monotonic()
     init = recipe.init_terse_model(workdir / "init", seed=0)
     settings = load_settings(overrides=settings_for(workdir, bootstrap, "teacher"))
     scored = asyncio.run(recipe.collect_teacher(example, settings, init, teacher_tasks))
     with open_store(settings.store.url, read_only=True) as store:
-        samples = asyncio.run(stored_samples(store, f"reward >= 1 AND env = '{example.name}'", "teacher"))
+        samples = asyncio.run(
+            stored_samples(store, f"reward >= 1 AND env = '{example.name}'", "teacher")
+        )
     console.print(f"teacher: {scored} rollouts scored, {len(samples)} SFT samples from the store")
     out = workdir / "sft"
-    results = train_sft(samples, init, out, sft.trainer, steps=sft.steps, batch_size=sft.batch_size, seed=sft.seed)
-    console.print(f"SFT: {sft.steps} steps of {sft.batch_size}, loss {results[0].loss:.3f} -> {results[-1].loss:.3f}")
+    results = train_sft(
+        samples, init, out, sft.trainer, steps=sft.steps, batch_size=sft.batch_size, seed=sft.seed
+    )
+    console.print(
+        f"SFT: {sft.steps} steps of {sft.batch_size}, loss {results[0].loss:.3f} -> {results[-1].loss:.3f}"
+    )
     return out, time.monotonic() - started
 
 
-def rl_overrides(workdir: Path, model: Path, steps: int, run_id: str, eval_every: int, eval_tasks: int) -> list[str]:
-    return ["--model", str(model), "--max-steps", str(steps), "--run-id", run_id,
-            "--store.url", f"chdb://{workdir / 'store'}", "--claim-check.url", str(workdir / "claims"),
-            "--orchestrator.eval-every", str(eval_every), "--orchestrator.eval-tasks", str(eval_tasks)]
+def rl_overrides(
+    workdir: Path, model: Path, steps: int, run_id: str, eval_every: int, eval_tasks: int
+) -> list[str]:
+    return [
+        "--model",
+        str(model),
+        "--max-steps",
+        str(steps),
+        "--run-id",
+        run_id,
+        "--store.url",
+        f"chdb://{workdir / 'store'}",
+        "--claim-check.url",
+        str(workdir / "claims"),
+        "--orchestrator.eval-every",
+        str(eval_every),
+        "--orchestrator.eval-tasks",
+        str(eval_tasks),
+    ]
 
 
-def rlbus_stage(example: recipe.Example, workdir: Path, bootstrap: str, model: Path, steps: int, eval_every: int,
-                eval_tasks: int) -> tuple[list[tuple[float, int, float]], float, list[tuple]]:
+def rlbus_stage(
+    example: recipe.Example,
+    workdir: Path,
+    bootstrap: str,
+    model: Path,
+    steps: int,
+    eval_every: int,
+    eval_tasks: int,
+) -> tuple[list[tuple[float, int, float]], float, list[tuple]]:
     """GRPO through rlbus; returns [(seconds since start, version, held-out exact)], wall seconds, reward curve."""
-    overrides = [*rl_overrides(workdir, model, steps, "rl", eval_every, eval_tasks),
-                 "--kafka.bootstrap-servers", bootstrap]
+    overrides = [
+        *rl_overrides(workdir, model, steps, "rl", eval_every, eval_tasks),
+        "--kafka.bootstrap-servers",
+        bootstrap,
+    ]
     rl_config = example.dir / "rl.toml"
     cfg = load_settings(rl_config, overrides, model=RunConfig)
     assert isinstance(cfg, RunConfig)
     started = time.time()
-    code = LocalRun(cfg.check(), rl_config, overrides, resume=False, console=console).run(timeout_s=900)
+    code = LocalRun(cfg.check(), rl_config, overrides, resume=False, console=console).run(
+        timeout_s=900
+    )
     wall = time.time() - started
     if code != 0:
         raise RuntimeError(f"rlbus run exited {code}")
     with open_store(cfg.store.url, read_only=True) as store:
         rows = recipe.held_out(store, "rl")
-        published = dict(store.query("SELECT version, min(toUnixTimestamp64Micro(ts)) / 1e6 FROM weight_versions "
-                                     "FINAL WHERE run_id = 'rl' GROUP BY version").rows)
+        published = dict(
+            store.query(
+                "SELECT version, min(toUnixTimestamp64Micro(ts)) / 1e6 FROM weight_versions "
+                "FINAL WHERE run_id = 'rl' GROUP BY version"
+            ).rows
+        )
         curve = recipe.reward_curve(store, "rl")
     points = [(float(published.get(v, started)) - started, v, exact) for v, exact, _, _ in rows]
     return points, wall, curve
 
 
-def bare_stage(example: recipe.Example, model: Path, steps: int, eval_every: int, eval_tasks: int, group_size: int,
-               tasks_per_step: int, lr: float, max_tokens: int) -> list[tuple[float, int, float]]:
+def bare_stage(
+    example: recipe.Example,
+    model: Path,
+    steps: int,
+    eval_every: int,
+    eval_tasks: int,
+    group_size: int,
+    tasks_per_step: int,
+    lr: float,
+    max_tokens: int,
+) -> list[tuple[float, int, float]]:
     """The same GRPO in one process: HF sampling, the env's own rewards, the same trainer step."""
     from transformers import AutoTokenizer
 
@@ -119,7 +170,9 @@ def bare_stage(example: recipe.Example, model: Path, steps: int, eval_every: int
     held = source.eval_set(0, eval_tasks, 1)
 
     def prompt_ids(task) -> list[int]:
-        return tok.apply_chat_template(env.taskset.messages(task), add_generation_prompt=True)["input_ids"]
+        return tok.apply_chat_template(env.taskset.messages(task), add_generation_prompt=True)[
+            "input_ids"
+        ]
 
     @torch.no_grad()
     def sample(prompts: list[list[int]]) -> list[list[int]]:
@@ -127,22 +180,45 @@ def bare_stage(example: recipe.Example, model: Path, steps: int, eval_every: int
         ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         policy.eval()
-        out = policy.generate(input_ids=ids, attention_mask=attention, do_sample=True, temperature=1.0, top_k=0,
-                              top_p=1.0, max_new_tokens=max_tokens, eos_token_id=recipe.IM_END,
-                              pad_token_id=tok.pad_token_id)[:, width:].tolist()
+        out = policy.generate(
+            input_ids=ids,
+            attention_mask=attention,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_tokens,
+            eos_token_id=recipe.IM_END,
+            pad_token_id=tok.pad_token_id,
+        )[:, width:].tolist()
         policy.train()
         return [row[: row.index(recipe.IM_END) + 1] if recipe.IM_END in row else row for row in out]
 
     def rewards(tasks, completions) -> list[tuple[float, float]]:
-        rollouts = [RolloutCompleted(rollout_id=str(i), group_id=t.task_id, task_id=t.task_id, env=env.id,
-                                     sample_index=i, group_size=len(tasks), answer=t.answer,
-                                     completion=[{"role": "assistant", "content": tok.decode(c, skip_special_tokens=True)}])
-                    for i, (t, c) in enumerate(zip(tasks, completions, strict=True))]
+        rollouts = [
+            RolloutCompleted(
+                rollout_id=str(i),
+                group_id=t.task_id,
+                task_id=t.task_id,
+                env=env.id,
+                sample_index=i,
+                group_size=len(tasks),
+                answer=t.answer,
+                completion=[
+                    {"role": "assistant", "content": tok.decode(c, skip_special_tokens=True)}
+                ],
+            )
+            for i, (t, c) in enumerate(zip(tasks, completions, strict=True))
+        ]
         scored = asyncio.run(scorer.score(rollouts))
         return [(s.reward, s.rewards.get("exact", 0.0)) for s in scored]
 
     def evaluate() -> float:
-        return float(np.mean([r[1] for r in rewards(held, sample([prompt_ids(t) for t in held]))])) if held else 0.0
+        return (
+            float(np.mean([r[1] for r in rewards(held, sample([prompt_ids(t) for t in held]))]))
+            if held
+            else 0.0
+        )
 
     points = []
     started = time.monotonic()
@@ -154,17 +230,42 @@ def bare_stage(example: recipe.Example, model: Path, steps: int, eval_every: int
         for task in tasks:
             p = prompt_ids(task)
             completions = sample([p] * group_size)
-            scored = asyncio.run(scorer.score([
-                RolloutCompleted(rollout_id=str(i), group_id=task.task_id, task_id=task.task_id, env=env.id,
-                                 sample_index=i, group_size=group_size, answer=task.answer,
-                                 completion=[{"role": "assistant", "content": tok.decode(c, skip_special_tokens=True)}])
-                for i, c in enumerate(completions)]))
-            adv = group_advantages([s.reward for s in scored], [len(c) for c in completions], AlgorithmConfig())
+            scored = asyncio.run(
+                scorer.score(
+                    [
+                        RolloutCompleted(
+                            rollout_id=str(i),
+                            group_id=task.task_id,
+                            task_id=task.task_id,
+                            env=env.id,
+                            sample_index=i,
+                            group_size=group_size,
+                            answer=task.answer,
+                            completion=[
+                                {
+                                    "role": "assistant",
+                                    "content": tok.decode(c, skip_special_tokens=True),
+                                }
+                            ],
+                        )
+                        for i, c in enumerate(completions)
+                    ]
+                )
+            )
+            adv = group_advantages(
+                [s.reward for s in scored], [len(c) for c in completions], AlgorithmConfig()
+            )
             for c, a in zip(completions, adv, strict=True):
                 m = np.array([0] * len(p) + [masks.POLICY] * len(c), dtype=np.uint8)
-                batch.append(TrainSample(rollout_id="", input_ids=pack_tokens(p + c), loss_mask=pack_mask(m),
-                                         advantages=pack_logprobs(m * np.float32(a)),
-                                         inference_logprobs=pack_logprobs(np.zeros(len(m)))))
+                batch.append(
+                    TrainSample(
+                        rollout_id="",
+                        input_ids=pack_tokens(p + c),
+                        loss_mask=pack_mask(m),
+                        advantages=pack_logprobs(m * np.float32(a)),
+                        inference_logprobs=pack_logprobs(np.zeros(len(m))),
+                    )
+                )
         if any(np.any(np.frombuffer(s.advantages, np.float32)) for s in batch):
             trainer.step(batch)
         if step % eval_every == 0 or step == steps:
@@ -192,11 +293,22 @@ def plot(path: Path, title: str, rl: list, bare: list, curve: list) -> None:
         if not points:
             continue
         a.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=label)
-    a.set(xlabel="RL wall time (s)", ylabel="held-out exact match", title=f"{title}: held-out exact match")
+    a.set(
+        xlabel="RL wall time (s)",
+        ylabel="held-out exact match",
+        title=f"{title}: held-out exact match",
+    )
     a.legend()
     b.plot([c[0] for c in curve], [c[1] for c in curve], label="exact match")
-    b.plot([c[0] for c in curve], [c[2] for c in curve], label="reward (all of the env's rewards, weighted)")
-    b.set(xlabel="policy version that sampled the rollouts", title="training rollouts (from ClickHouse)")
+    b.plot(
+        [c[0] for c in curve],
+        [c[2] for c in curve],
+        label="reward (all of the env's rewards, weighted)",
+    )
+    b.set(
+        xlabel="policy version that sampled the rollouts",
+        title="training rollouts (from ClickHouse)",
+    )
     b.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -208,9 +320,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--eval-tasks", type=int, default=256)
-    parser.add_argument("--teacher-tasks", type=int, default=2048,
-                        help="more makes a stronger warm start: 4096 starts at ~0.69 held-out, leaving RL < 0.3 to gain")
-    parser.add_argument("--sft-steps", type=int, default=None, help="default: the example's sft.toml")
+    parser.add_argument(
+        "--teacher-tasks",
+        type=int,
+        default=2048,
+        help="more makes a stronger warm start: 4096 starts at ~0.69 held-out, leaving RL < 0.3 to gain",
+    )
+    parser.add_argument(
+        "--sft-steps", type=int, default=None, help="default: the example's sft.toml"
+    )
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None, help="default: EXAMPLE/learning.png")
     parser.add_argument("--skip-bare", action="store_true")
@@ -222,22 +340,50 @@ def main() -> None:
     assert isinstance(rl_cfg, RunConfig)
     env = load_environment(example.env_path, rl_cfg.envs[example.name].overrides)
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
-        sft_cfg = load_settings(example.dir / "sft.toml",
-                                [] if args.sft_steps is None else ["--steps", str(args.sft_steps)], model=ReplayConfig)
+        sft_cfg = load_settings(
+            example.dir / "sft.toml",
+            [] if args.sft_steps is None else ["--steps", str(args.sft_steps)],
+            model=ReplayConfig,
+        )
         assert isinstance(sft_cfg, ReplayConfig)
-        sft, sft_s = sft_stage(example, workdir, broker.bootstrap_servers, args.teacher_tasks, sft_cfg)
-        rl, rl_wall, curve = rlbus_stage(example, workdir, broker.bootstrap_servers, sft, args.steps, args.eval_every,
-                                         args.eval_tasks)
-    bare = [] if args.skip_bare else bare_stage(
-        example, sft, args.steps, args.eval_every, args.eval_tasks, env.config.group_size,
-        rl_cfg.orchestrator.tasks_per_step, rl_cfg.trainer.optim.lr, env.config.sampling.max_tokens or 16)
-    table = Table("version", "rlbus s", "rlbus exact", "bare s", "bare exact", title="held-out exact match")
+        sft, sft_s = sft_stage(
+            example, workdir, broker.bootstrap_servers, args.teacher_tasks, sft_cfg
+        )
+        rl, rl_wall, curve = rlbus_stage(
+            example,
+            workdir,
+            broker.bootstrap_servers,
+            sft,
+            args.steps,
+            args.eval_every,
+            args.eval_tasks,
+        )
+    bare = (
+        []
+        if args.skip_bare
+        else bare_stage(
+            example,
+            sft,
+            args.steps,
+            args.eval_every,
+            args.eval_tasks,
+            env.config.group_size,
+            rl_cfg.orchestrator.tasks_per_step,
+            rl_cfg.trainer.optim.lr,
+            env.config.sampling.max_tokens or 16,
+        )
+    )
+    table = Table(
+        "version", "rlbus s", "rlbus exact", "bare s", "bare exact", title="held-out exact match"
+    )
     bare_at = {v: (t, e) for t, v, e in bare}
     for t, v, e in rl:
         bt, be = bare_at.get(v, (float("nan"), float("nan")))
         table.add_row(str(v), f"{t:.1f}", f"{e:.3f}", f"{bt:.1f}", f"{be:.3f}")
     console.print(table)
-    console.print(f"SFT stage {sft_s:.0f}s; rlbus RL wall time {rl_wall:.0f}s (startup and final eval included)")
+    console.print(
+        f"SFT stage {sft_s:.0f}s; rlbus RL wall time {rl_wall:.0f}s (startup and final eval included)"
+    )
     console.print(f"held-out exact match SQL:\n{recipe.HELD_OUT_SQL}")
     plot_path = args.plot or example.dir / "learning.png"
     plot(plot_path, example.name, rl, bare, curve)
@@ -250,8 +396,10 @@ def main() -> None:
         console.print(f"target held-out exact {target:.3f}: rlbus {t_rl}s, bare {t_bare}s")
         if t_rl is not None and t_bare:
             ratio = t_rl / t_bare
-            console.print(f"ratio without rlbus's process start-up ({rl[0][0]:.0f}s to version 0): "
-                          f"{(t_rl - rl[0][0]) / t_bare:.2f}")
+            console.print(
+                f"ratio without rlbus's process start-up ({rl[0][0]:.0f}s to version 0): "
+                f"{(t_rl - rl[0][0]) / t_bare:.2f}"
+            )
     print(f"RESULT time_to_reward_vs_bare={ratio:.2f} reward_gain={gain:.3f}")
 
 

@@ -29,7 +29,7 @@ def _absolute(url: str) -> str:
     if "://" not in url:
         return "file://" + os.path.abspath(url)
     if url.startswith("file://") and not url.startswith("file:///"):
-        return "file://" + os.path.abspath(url[len("file://"):])
+        return "file://" + os.path.abspath(url[len("file://") :])
     return url
 
 

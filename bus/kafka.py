@@ -110,15 +110,17 @@ class _SeenIds:
 class Bus:
     """A producer plus topic administration for one process; consumers are started from it.
 
-        async with Bus(settings) as bus:
-            await bus.publish(TaskPublished(...))
-            await bus.consume("judge", ["rollouts"], on_event=handle, stop=stop_event)
+    async with Bus(settings) as bus:
+        await bus.publish(TaskPublished(...))
+        await bus.consume("judge", ["rollouts"], on_event=handle, stop=stop_event)
     """
 
     def __init__(self, settings: Settings):
         if not settings.kafka.bootstrap_servers:
-            raise ValueError("kafka.bootstrap_servers is not set; start an EmbeddedBroker first "
-                             "(rlbus does this for you in `rlbus run`/`quickstart`)")
+            raise ValueError(
+                "kafka.bootstrap_servers is not set; start an EmbeddedBroker first "
+                "(rlbus does this for you in `rlbus run`/`quickstart`)"
+            )
         self.settings = settings
         self.bootstrap = settings.kafka.bootstrap_servers
         self.claims = ClaimStore(settings.claim_check.url, settings.claim_check.threshold_bytes)
@@ -156,8 +158,12 @@ class Bus:
     async def __aenter__(self) -> Bus:
         return await self.start()
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.stop()
 
     @property
@@ -178,7 +184,8 @@ class Bus:
                 kafka = self.settings.kafka
                 try:
                     await self.admin.create_topics(
-                        [NewTopic(t, kafka.partitions, kafka.replication_factor) for t in missing])
+                        [NewTopic(t, kafka.partitions, kafka.replication_factor) for t in missing]
+                    )
                 except TopicAlreadyExistsError:
                     pass  # another process won the race; the topic is there either way
             self._ensured.update(wanted)
@@ -191,7 +198,10 @@ class Bus:
         topic = topic_of(event).name
         kind = type(event).__name__
         payload = codec.encode(event)
-        headers: list[tuple[str, bytes]] = [(CONTENT_TYPE, codec.MSGPACK.encode()), (KIND, kind.encode())]
+        headers: list[tuple[str, bytes]] = [
+            (CONTENT_TYPE, codec.MSGPACK.encode()),
+            (KIND, kind.encode()),
+        ]
         if self.claims.needed(payload):
             uri = self.claims.put(topic, event.event_id, payload)
             headers.append((CLAIM_HEADER, uri.encode()))
@@ -211,14 +221,21 @@ class Bus:
         await self.ensure_topics({topic_of(e).name for e in events})
         futures = []
         for event in events:
-            with telemetry.span(f"publish {topic_of(event).name}", SpanKind.PRODUCER,
-                                attributes={"messaging.system": "kafka", "rlbus.event_id": event.event_id}):
+            with telemetry.span(
+                f"publish {topic_of(event).name}",
+                SpanKind.PRODUCER,
+                attributes={"messaging.system": "kafka", "rlbus.event_id": event.event_id},
+            ):
                 topic, key, payload, headers = self._message(event)
-                futures.append(await self._producer.send(self.topic(topic), payload, key=key, headers=headers))
+                futures.append(
+                    await self._producer.send(self.topic(topic), payload, key=key, headers=headers)
+                )
         if futures:
             await asyncio.gather(*futures)
 
-    async def keep_announcing(self, latest: Callable[[], Event | None], stop: asyncio.Event) -> None:
+    async def keep_announcing(
+        self, latest: Callable[[], Event | None], stop: asyncio.Event
+    ) -> None:
         """Re-publish `latest()` (a state event: the trainer's WeightVersion, an inference
         worker's WeightLoaded) every kafka.announce_every_s until `stop`. A consumer that
         restarted past the original learns the state from the next one; it is the same event
@@ -232,8 +249,13 @@ class Bus:
                 if event is not None:
                     await self.publish(event)
 
-    async def publish_raw(self, topic: str, value: bytes, key: bytes | None = None,
-                          headers: list[tuple[str, bytes]] | None = None) -> None:
+    async def publish_raw(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
         """Publish bytes as they are (tests, bridges); `topic` is unprefixed."""
         if self._producer is None:
             raise RuntimeError("Bus is not started")
@@ -254,10 +276,14 @@ class Bus:
             content_type.decode() if content_type else None,
             # A JSON event from an outside client may carry no id: derive one from its
             # position, so a redelivery of the same message keeps the same id.
-            fallback_event_id=lambda: derived_id(self.topic(topic), record.partition, record.offset),
+            fallback_event_id=lambda: derived_id(
+                self.topic(topic), record.partition, record.offset
+            ),
         )
 
-    def _dead_letter(self, group: str, topic: str, record: ConsumerRecord, error: str) -> DeadLetter:
+    def _dead_letter(
+        self, group: str, topic: str, record: ConsumerRecord, error: str
+    ) -> DeadLetter:
         return DeadLetter(
             event_id=derived_id("dlq", group, self.topic(topic), record.partition, record.offset),
             origin_topic=topic,
@@ -322,22 +348,48 @@ class Bus:
         position = _Position(self, consumer, group, seen=_SeenIds() if dedup else None)
         try:
             if on_event is not None:
-                await self._consume_each(position, on_event, stop, concurrency or 64,
-                                         max_records or kafka.fetch_max_records, poll_timeout_ms, handler_errors)
+                await self._consume_each(
+                    position,
+                    on_event,
+                    stop,
+                    concurrency or 64,
+                    max_records or kafka.fetch_max_records,
+                    poll_timeout_ms,
+                    handler_errors,
+                )
             else:
                 assert on_batch is not None
-                await self._consume_batches(position, on_batch, stop, max_records or kafka.fetch_max_records,
-                                            poll_timeout_ms, batch_rows, batch_wait_s, handler_errors)
+                await self._consume_batches(
+                    position,
+                    on_batch,
+                    stop,
+                    max_records or kafka.fetch_max_records,
+                    poll_timeout_ms,
+                    batch_rows,
+                    batch_wait_s,
+                    handler_errors,
+                )
         finally:
             await consumer.stop()
 
-    async def _consume_batches(self, position: _Position, handle: BatchHandler, stop: asyncio.Event,
-                               max_records: int, poll_timeout_ms: int, batch_rows: int, batch_wait_s: float,
-                               handler_errors: Literal["dead_letter", "raise"]) -> None:
+    async def _consume_batches(
+        self,
+        position: _Position,
+        handle: BatchHandler,
+        stop: asyncio.Event,
+        max_records: int,
+        poll_timeout_ms: int,
+        batch_rows: int,
+        batch_wait_s: float,
+        handler_errors: Literal["dead_letter", "raise"],
+    ) -> None:
         in_flight: asyncio.Task[None] | None = None
 
-        async def finish(good: list[tuple[ConsumerRecord, Delivery]], dead: list[DeadLetter],
-                         offsets: dict[TopicPartition, int]) -> None:
+        async def finish(
+            good: list[tuple[ConsumerRecord, Delivery]],
+            dead: list[DeadLetter],
+            offsets: dict[TopicPartition, int],
+        ) -> None:
             if good and handler_errors == "raise":
                 await handle([d for _, d in good])
             elif good:
@@ -347,8 +399,9 @@ class Bus:
 
         try:
             while not stop.is_set():
-                polled = await self._gather(position.consumer, stop, poll_timeout_ms, max_records,
-                                            batch_rows, batch_wait_s)
+                polled = await self._gather(
+                    position.consumer, stop, poll_timeout_ms, max_records, batch_rows, batch_wait_s
+                )
                 if in_flight is not None and in_flight.done():
                     in_flight.result()  # a failed batch stops the consumer now, not after the next poll
                 if not polled:
@@ -365,9 +418,16 @@ class Bus:
                 in_flight.cancel()  # uncommitted: redelivered to whoever consumes next
                 await asyncio.gather(in_flight, return_exceptions=True)
 
-    async def _consume_each(self, position: _Position, on_event: EventHandler, stop: asyncio.Event,
-                            concurrency: int, max_records: int, poll_timeout_ms: int,
-                            handler_errors: Literal["dead_letter", "raise"]) -> None:
+    async def _consume_each(
+        self,
+        position: _Position,
+        on_event: EventHandler,
+        stop: asyncio.Event,
+        concurrency: int,
+        max_records: int,
+        poll_timeout_ms: int,
+        handler_errors: Literal["dead_letter", "raise"],
+    ) -> None:
         running: set[asyncio.Task[None]] = set()
         dead: list[DeadLetter] = []
         finished = 0
@@ -376,8 +436,12 @@ class Bus:
             nonlocal finished
             parent = telemetry.extract_context(d.headers) if telemetry.enabled() else None
             try:
-                with telemetry.span(f"process {d.topic}", SpanKind.CONSUMER, parent=parent,
-                                    attributes={"messaging.system": "kafka", "rlbus.event_id": d.event.event_id}):
+                with telemetry.span(
+                    f"process {d.topic}",
+                    SpanKind.CONSUMER,
+                    parent=parent,
+                    attributes={"messaging.system": "kafka", "rlbus.event_id": d.event.event_id},
+                ):
                     await on_event(d)
             except Exception as exc:
                 if handler_errors == "raise":
@@ -399,17 +463,20 @@ class Bus:
                 finished = 0
                 letters = dead[:]
                 await position.commit(letters)
-                del dead[:len(letters)]
+                del dead[: len(letters)]
 
         try:
             while not stop.is_set():
                 await settle()
                 free = concurrency - len(running)
                 if free <= 0:
-                    await asyncio.wait(running, timeout=poll_timeout_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(
+                        running, timeout=poll_timeout_ms / 1000, return_when=asyncio.FIRST_COMPLETED
+                    )
                     continue
-                polled = await position.consumer.getmany(timeout_ms=poll_timeout_ms,
-                                                         max_records=min(free, max_records))
+                polled = await position.consumer.getmany(
+                    timeout_ms=poll_timeout_ms, max_records=min(free, max_records)
+                )
                 if not polled:
                     continue
                 good, letters = position.decode(polled)
@@ -428,9 +495,14 @@ class Bus:
             await asyncio.gather(*running, return_exceptions=True)
 
     @staticmethod
-    async def _gather(consumer: AIOKafkaConsumer, stop: asyncio.Event, poll_timeout_ms: int,
-                      max_records: int, batch_rows: int,
-                      batch_wait_s: float) -> dict[TopicPartition, list[ConsumerRecord]]:
+    async def _gather(
+        consumer: AIOKafkaConsumer,
+        stop: asyncio.Event,
+        poll_timeout_ms: int,
+        max_records: int,
+        batch_rows: int,
+        batch_wait_s: float,
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
         polled: dict[TopicPartition, list[ConsumerRecord]] = {}
         count = 0
         deadline: float | None = None
@@ -451,20 +523,23 @@ class Bus:
                 break  # nothing yet: let the caller check `stop` and poll again
         return polled
 
-    async def _handle(self, group: str, handle: BatchHandler,
-                      good: list[tuple[ConsumerRecord, Delivery]]) -> list[DeadLetter]:
+    async def _handle(
+        self, group: str, handle: BatchHandler, good: list[tuple[ConsumerRecord, Delivery]]
+    ) -> list[DeadLetter]:
         """Run the handler on the batch; if it fails, retry each delivery alone so one bad
         event does not sink its neighbours, and dead-letter those that still fail."""
         try:
             await handle([d for _, d in good])
             return []
-        except Exception:  # noqa: BLE001
-            log.warning("batch handler failed on %d events; retrying one by one", len(good), exc_info=True)
+        except Exception:
+            log.warning(
+                "batch handler failed on %d events; retrying one by one", len(good), exc_info=True
+            )
         dead = []
         for record, delivery in good:
             try:
                 await handle([delivery])
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 reason = f"handler: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
                 dead.append(self._dead_letter(group, delivery.topic, record, reason))
         return dead
@@ -484,22 +559,35 @@ class _Position:
         """Next offset to read, per partition, after the messages taken so far."""
         self.prefix = len(bus.settings.kafka.topic_prefix)
 
-    def decode(self, polled: dict[TopicPartition, list[ConsumerRecord]]
-               ) -> tuple[list[tuple[ConsumerRecord, Delivery]], list[DeadLetter]]:
+    def decode(
+        self, polled: dict[TopicPartition, list[ConsumerRecord]]
+    ) -> tuple[list[tuple[ConsumerRecord, Delivery]], list[DeadLetter]]:
         good: list[tuple[ConsumerRecord, Delivery]] = []
         dead: list[DeadLetter] = []
         for tp, records in polled.items():
-            topic = tp.topic[self.prefix:]
+            topic = tp.topic[self.prefix :]
             for record in records:
                 try:
                     event = self.bus._decode(topic, record)
-                except Exception as exc:  # noqa: BLE001 - any decode failure is a dead letter
+                except Exception as exc:
                     dead.append(self.bus._dead_letter(self.group, topic, record, f"decode: {exc}"))
                     continue
                 if self.seen is not None and not self.seen.add(event.event_id):
                     continue
-                good.append((record, Delivery(event, topic, record.partition, record.offset,
-                                              record.key, tuple(record.headers or ()), self.holds)))
+                good.append(
+                    (
+                        record,
+                        Delivery(
+                            event,
+                            topic,
+                            record.partition,
+                            record.offset,
+                            record.key,
+                            tuple(record.headers or ()),
+                            self.holds,
+                        ),
+                    )
+                )
         return good, dead
 
     async def commit(self, dead_letters: Sequence[DeadLetter] = ()) -> None:
@@ -511,8 +599,10 @@ class _Position:
             del self.progress[tp]  # revoked: its new owner resumes from the last commit
         commit = {}
         for tp, next_offset in self.progress.items():
-            held = self.holds.limit(tp.topic[self.prefix:], tp.partition)
-            commit[tp] = OffsetAndMetadata(next_offset if held is None else min(held, next_offset), "")
+            held = self.holds.limit(tp.topic[self.prefix :], tp.partition)
+            commit[tp] = OffsetAndMetadata(
+                next_offset if held is None else min(held, next_offset), ""
+            )
         if not commit:
             return
         try:
@@ -520,4 +610,7 @@ class _Position:
         except CommitFailedError:
             # A rebalance moved these partitions away meanwhile; their new owner redelivers
             # from the last commit, and handling is idempotent.
-            log.warning("commit failed after a rebalance in group %s; redelivered from the last commit", self.group)
+            log.warning(
+                "commit failed after a rebalance in group %s; redelivered from the last commit",
+                self.group,
+            )

@@ -33,7 +33,9 @@ def setup_telemetry(config: TelemetryConfig, role: str) -> None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter(endpoint=config.otlp_endpoint)
-    provider = TracerProvider(resource=Resource.create({"service.name": f"{config.service_name}.{role}"}))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": f"{config.service_name}.{role}"})
+    )
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("rlbus")
@@ -61,13 +63,19 @@ def inject_headers(headers: list[tuple[str, bytes]]) -> None:
 
 
 def extract_context(headers: Sequence[tuple[str, bytes]]) -> otel_context.Context:
-    carrier = {k: v.decode(errors="replace") for k, v in headers if k in ("traceparent", "tracestate")}
+    carrier = {
+        k: v.decode(errors="replace") for k, v in headers if k in ("traceparent", "tracestate")
+    }
     return propagate.extract(carrier)
 
 
 @contextmanager
-def span(name: str, kind: trace.SpanKind, parent: otel_context.Context | None = None,
-         attributes: dict[str, Any] | None = None) -> Iterator[trace.Span | None]:
+def span(
+    name: str,
+    kind: trace.SpanKind,
+    parent: otel_context.Context | None = None,
+    attributes: dict[str, Any] | None = None,
+) -> Iterator[trace.Span | None]:
     """A span when telemetry is on; a no-op otherwise."""
     if _tracer is None:
         yield None

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rlbus.bus import Bus
 from rlbus.bus.store import Store, open_store
+from rlbus.config import Settings
 from rlbus.consumers.judge import run_judge
 from rlbus.consumers.orchestrator.tasks import Source, TaskSource
 from rlbus.consumers.sink import run_sink
@@ -27,15 +28,15 @@ from rlbus.producers.env import load_environment
 from rlbus.producers.interception.scripted import ScriptedModel, ScriptedServer
 from rlbus.producers.worker import run_env_producer
 
-from rlbus.config import Settings
-
 EXAMPLES = Path(__file__).resolve().parent
 IM_END = 258
 """<|im_end|> of the byte tokenizer (`rlbus model init`): ends an assistant turn."""
 WORD = re.compile(rb"([a-z]+)")
 ROTATED = re.compile(rb"(\d+) ([a-z]+)")
-TERSE_TEMPLATE = ("{%- for message in messages -%}{{- message['content'] ~ '<|im_end|>' -}}{%- endfor -%}"
-                  "{%- if add_generation_prompt -%}{{- '<|im_start|>' -}}{%- endif -%}")
+TERSE_TEMPLATE = (
+    "{%- for message in messages -%}{{- message['content'] ~ '<|im_end|>' -}}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>' -}}{%- endif -%}"
+)
 """Each turn is its text and <|im_end|>; the model's turn opens with <|im_start|>: no role headers."""
 
 HELD_OUT_SQL = """
@@ -128,19 +129,35 @@ def train_tasks(example: Example, settings: Settings, n: int, seed: int = 1) -> 
     return [source.next_train() for _ in range(n)]
 
 
-async def collect_teacher(example: Example, settings: Settings, model: Path, n: int, timeout_s: float = 300) -> int:
+async def collect_teacher(
+    example: Example, settings: Settings, model: Path, n: int, timeout_s: float = 300
+) -> int:
     """Run `n` training tasks with the scripted teacher; returns how many were scored in the store."""
-    with ScriptedServer(ScriptedModel(tokens=example.teacher, model="teacher", record=False)) as teacher:
-        env = load_environment(example.env_path, {
-            "group_size": 1, "max_concurrent_rollouts": 128,
-            "sampling": {"temperature": 1.0, "max_tokens": 16},
-            "model": {"name": "teacher", "base_url": teacher.url + "/v1", "mode": "train", "tokenizer": str(model)}})
+    with ScriptedServer(
+        ScriptedModel(tokens=example.teacher, model="teacher", record=False)
+    ) as teacher:
+        env = load_environment(
+            example.env_path,
+            {
+                "group_size": 1,
+                "max_concurrent_rollouts": 128,
+                "sampling": {"temperature": 1.0, "max_tokens": 16},
+                "model": {
+                    "name": "teacher",
+                    "base_url": teacher.url + "/v1",
+                    "mode": "train",
+                    "tokenizer": str(model),
+                },
+            },
+        )
         stop = asyncio.Event()
         with open_store(settings.store.url) as store:
             async with Bus(settings) as bus:
-                roles = [asyncio.create_task(run_sink(settings, store, stop)),
-                         asyncio.create_task(run_env_producer(settings, env, stop)),
-                         asyncio.create_task(run_judge(settings, [env], stop))]
+                roles = [
+                    asyncio.create_task(run_sink(settings, store, stop)),
+                    asyncio.create_task(run_env_producer(settings, env, stop)),
+                    asyncio.create_task(run_judge(settings, [env], stop)),
+                ]
                 await bus.publish_many(train_tasks(example, settings, n))
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + timeout_s
@@ -155,7 +172,11 @@ async def collect_teacher(example: Example, settings: Settings, model: Path, n: 
 
 
 def _count(store: Store, run_id: str) -> int:
-    return int(store.query("SELECT count() FROM scored FINAL WHERE run_id = {r:String}", {"r": run_id}).rows[0][0])
+    return int(
+        store.query(
+            "SELECT count() FROM scored FINAL WHERE run_id = {r:String}", {"r": run_id}
+        ).rows[0][0]
+    )
 
 
 def held_out(store: Store, run_id: str) -> list[tuple[int, float, float, int]]:

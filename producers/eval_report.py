@@ -36,28 +36,44 @@ def eval_report(store: Store, run_id: str, env_id: str, pass_threshold: float = 
     where = {"run": run_id, "env": env_id}
     report = Report(run_id)
     scope = "run_id = {run:String} AND env = {env:String}"
-    row = store.query(f"SELECT count(), uniqExact(task_id), avg(reward) FROM scored FINAL WHERE {scope}", where).rows[0]
-    report.rollouts, report.tasks, report.mean_reward = int(row[0]), int(row[1]), float(row[2] or 0.0)
+    row = store.query(
+        f"SELECT count(), uniqExact(task_id), avg(reward) FROM scored FINAL WHERE {scope}", where
+    ).rows[0]
+    report.rollouts, report.tasks, report.mean_reward = (
+        int(row[0]),
+        int(row[1]),
+        float(row[2] or 0.0),
+    )
     for column, target in (("rewards", report.rewards), ("metrics", report.metrics)):
         rows = store.query(
             f"SELECT k, avg(v) FROM scored FINAL ARRAY JOIN mapKeys({column}) AS k, mapValues({column}) AS v "
-            f"WHERE {scope} AND status = 'ok' GROUP BY k ORDER BY k", where).rows
+            f"WHERE {scope} AND status = 'ok' GROUP BY k ORDER BY k",
+            where,
+        ).rows
         target.update({str(k): float(v) for k, v in rows})
     groups = store.query(
         f"SELECT count(), countIf(reward >= {{threshold:Float64}} AND status = 'ok') FROM scored FINAL "
-        f"WHERE {scope} GROUP BY task_id", {**where, "threshold": pass_threshold}).rows
+        f"WHERE {scope} GROUP BY task_id",
+        {**where, "threshold": pass_threshold},
+    ).rows
     if groups:
         smallest = min(int(n) for n, _ in groups)
         ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= smallest]
-        report.pass_at = {k: sum(pass_at_k(int(n), int(c), k) for n, c in groups) / len(groups) for k in ks}
-    tokens = store.query(f"SELECT sum(prompt_tokens), sum(completion_tokens) FROM rollouts FINAL WHERE {scope}",
-                         where).rows[0]
+        report.pass_at = {
+            k: sum(pass_at_k(int(n), int(c), k) for n, c in groups) / len(groups) for k in ks
+        }
+    tokens = store.query(
+        f"SELECT sum(prompt_tokens), sum(completion_tokens) FROM rollouts FINAL WHERE {scope}",
+        where,
+    ).rows[0]
     report.prompt_tokens, report.completion_tokens = int(tokens[0] or 0), int(tokens[1] or 0)
     errors = store.query(
         f"SELECT if(r.status = 'error', r.error_kind, 'reward') AS kind, count() FROM scored AS s FINAL "
         f"INNER JOIN (SELECT rollout_id, status, error_kind FROM rollouts FINAL WHERE {scope}) AS r "
         f"ON s.rollout_id = r.rollout_id WHERE s.run_id = {{run:String}} AND s.env = {{env:String}} "
-        f"AND s.status = 'error' GROUP BY kind ORDER BY kind", where).rows
+        f"AND s.status = 'error' GROUP BY kind ORDER BY kind",
+        where,
+    ).rows
     report.errors = {str(kind) or "unknown": int(n) for kind, n in errors}
     return report
 
@@ -66,7 +82,9 @@ def scored_tasks(store: Store, run_id: str, env_id: str) -> set[str]:
     """Tasks of a run whose every rollout is scored (errored ones included): what --resume skips."""
     rows = store.query(
         "SELECT task_id FROM scored FINAL WHERE run_id = {run:String} AND env = {env:String} "
-        "GROUP BY task_id HAVING count() >= max(group_size)", {"run": run_id, "env": env_id}).rows
+        "GROUP BY task_id HAVING count() >= max(group_size)",
+        {"run": run_id, "env": env_id},
+    ).rows
     return {str(r[0]) for r in rows}
 
 
@@ -74,5 +92,7 @@ def latest_run(store: Store, env_id: str, model: str) -> str | None:
     """The most recent run of `env_id` against `model`, for --resume without --run-id."""
     rows = store.query(
         "SELECT run_id FROM rollouts WHERE env = {env:String} AND model = {model:String} "
-        "ORDER BY ts DESC LIMIT 1", {"env": env_id, "model": model}).rows
+        "ORDER BY ts DESC LIMIT 1",
+        {"env": env_id, "model": model},
+    ).rows
     return str(rows[0][0]) if rows else None

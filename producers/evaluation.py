@@ -33,7 +33,9 @@ class Tally:
 
 
 class Evaluation:
-    def __init__(self, runner: RolloutRunner, bus: Bus, on_group: Callable[[Tally], None] | None = None):
+    def __init__(
+        self, runner: RolloutRunner, bus: Bus, on_group: Callable[[Tally], None] | None = None
+    ):
         self.runner = runner
         self.scorer = Scorer(runner.env)
         self.bus = bus

@@ -47,15 +47,22 @@ def _failure(exc: BaseException, timeout_s: float) -> tuple[str, str]:
 
 
 class RolloutRunner:
-    def __init__(self, env: Environment, server: InterceptionServer, runtime: Runtime | None = None,
-                 harness: Harness | None = None):
+    def __init__(
+        self,
+        env: Environment,
+        server: InterceptionServer,
+        runtime: Runtime | None = None,
+        harness: Harness | None = None,
+    ):
         self.env = env
         self.server = server
         self.runtime = runtime or make_runtime(env.config.runtime)
         self.harness = harness or make_harness(env)
         self.slots = asyncio.Semaphore(env.config.max_concurrent_rollouts)
 
-    async def run(self, task: TaskPublished, group_id: str, sample_index: int, group_size: int) -> RolloutOutput:
+    async def run(
+        self, task: TaskPublished, group_id: str, sample_index: int, group_size: int
+    ) -> RolloutOutput:
         env = self.env
         rollout_id = derived_id(group_id, "rollout", sample_index)
         prompt = env.taskset.messages(task)
@@ -70,18 +77,32 @@ class RolloutRunner:
                         rollout = Rollout(task, prompt, session, sandbox, env, state)
                         async with asyncio.timeout(timeout_s):
                             completion = await self.harness.run(rollout)
-                except Exception as exc:  # noqa: BLE001 - every failure becomes an errored rollout
+                except Exception as exc:
                     status, (kind, error) = "error", _failure(exc, timeout_s)
                     completion = session.trace.completion()
                 nodes, tokens = session.trace.events(group_id)
                 usage = session.trace.usage()
         rollout_event = RolloutCompleted(
-            event_id=derived_id(rollout_id, "completed"), run_id=task.run_id, rollout_id=rollout_id,
-            group_id=group_id, task_id=task.task_id, env=env.id, sample_index=sample_index, group_size=group_size,
-            prompt=prompt, completion=completion, answer=task.answer,
-            info={**task.info, "state": state} if state else task.info, status=status, error=error,
-            error_kind=kind, model=self.server.backend.model, harness=env.config.harness.kind,
-            duration_s=time.monotonic() - started, **usage)
+            event_id=derived_id(rollout_id, "completed"),
+            run_id=task.run_id,
+            rollout_id=rollout_id,
+            group_id=group_id,
+            task_id=task.task_id,
+            env=env.id,
+            sample_index=sample_index,
+            group_size=group_size,
+            prompt=prompt,
+            completion=completion,
+            answer=task.answer,
+            info={**task.info, "state": state} if state else task.info,
+            status=status,
+            error=error,
+            error_kind=kind,
+            model=self.server.backend.model,
+            harness=env.config.harness.kind,
+            duration_s=time.monotonic() - started,
+            **usage,
+        )
         for event in (*nodes, *tokens):
             event.run_id = task.run_id
         return RolloutOutput(rollout_event, nodes, tokens)

@@ -23,9 +23,21 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
-worker_app = typer.Typer(help="Run one role as a long-lived process (a Kafka consumer group member).",
-                         no_args_is_help=True)
+worker_app = typer.Typer(
+    help="Run one role as a long-lived process (a Kafka consumer group member).",
+    no_args_is_help=True,
+)
 app.add_typer(worker_app, name="worker")
 
-for module in (quickstart, run, env_workers, tasks, store_cmds, inference, broker, config_cmd, workers):
+for module in (
+    quickstart,
+    run,
+    env_workers,
+    tasks,
+    store_cmds,
+    inference,
+    broker,
+    config_cmd,
+    workers,
+):
     module.register(app, worker_app)

@@ -111,7 +111,9 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
     while i < len(args):
         arg = args[i]
         if not arg.startswith("--"):
-            raise ConfigError(f"unexpected argument {arg!r}: overrides look like --section.field VALUE")
+            raise ConfigError(
+                f"unexpected argument {arg!r}: overrides look like --section.field VALUE"
+            )
         name, eq, value = arg[2:].partition("=")
         if not eq:
             if i + 1 < len(args) and not args[i + 1].startswith("--"):
@@ -179,7 +181,9 @@ def load_settings(
         merged = _deep_merge(_deep_merge(data, env_set), cli)
         return model(**merged)
     except ValidationError as exc:
-        source = ", ".join(filter(None, [str(path) if path else "", "environment", "CLI" if cli else ""]))
+        source = ", ".join(
+            filter(None, [str(path) if path else "", "environment", "CLI" if cli else ""])
+        )
         raise ConfigError(format_validation_error(exc, source)) from exc
 
 

@@ -25,7 +25,10 @@ class RoleProcess:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "rlbus", "worker", role, *(args or [])],
-                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
             )
 
     def alive(self) -> bool:
@@ -40,8 +43,10 @@ class RoleProcess:
     def check(self) -> None:
         """Raise with the role's log tail if it has exited."""
         if not self.alive():
-            raise RuntimeError(f"{self.role} exited with code {self.proc.returncode}; "
-                               f"last lines of {self.log_path}:\n{self.log_tail()}")
+            raise RuntimeError(
+                f"{self.role} exited with code {self.proc.returncode}; "
+                f"last lines of {self.log_path}:\n{self.log_tail()}"
+            )
 
     def stop(self, timeout_s: float = 15.0) -> int:
         if self.alive():
@@ -59,8 +64,13 @@ class RoleProcess:
         self.proc.wait()
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.2,
-             processes: tuple[RoleProcess, ...] = ()) -> None:
+def wait_for(
+    predicate: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    interval_s: float = 0.2,
+    processes: tuple[RoleProcess, ...] = (),
+) -> None:
     """Poll `predicate()` until true; fail early when a process we depend on has died."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -22,7 +22,7 @@ BROKER_FILE = ".rlbus-broker"
 def data_dir(settings: Settings) -> Path:
     """The chdb store's directory; for a server store, ./rlbus-data still holds local state."""
     url = settings.store.url
-    return Path(url[len("chdb://"):]) if url.startswith("chdb://") else Path("rlbus-data")
+    return Path(url[len("chdb://") :]) if url.startswith("chdb://") else Path("rlbus-data")
 
 
 def store_served_elsewhere(settings: Settings) -> bool:
@@ -63,8 +63,11 @@ def require_bootstrap(settings: Settings) -> Settings:
     if address is None:
         raise SystemExit(
             "no Kafka broker: pass --kafka.bootstrap-servers HOST:PORT (or set "
-            "RLBUS_KAFKA__BOOTSTRAP_SERVERS), or start one with `rlbus broker`")
-    return settings.model_copy(update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": address})})
+            "RLBUS_KAFKA__BOOTSTRAP_SERVERS), or start one with `rlbus broker`"
+        )
+    return settings.model_copy(
+        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": address})}
+    )
 
 
 @contextlib.contextmanager
@@ -80,7 +83,12 @@ def local_broker(settings: Settings) -> Iterator[Settings]:
         path.write_text(broker.bootstrap_servers)
         try:
             yield settings.model_copy(
-                update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": broker.bootstrap_servers})})
+                update={
+                    "kafka": settings.kafka.model_copy(
+                        update={"bootstrap_servers": broker.bootstrap_servers}
+                    )
+                }
+            )
         finally:
             with contextlib.suppress(FileNotFoundError):
                 if path.read_text() == broker.bootstrap_servers:

@@ -18,7 +18,9 @@ MASK_DTYPE = np.dtype("u1")
 
 # The `ch` extra names the ClickHouse column type, so the DDL follows from the field.
 TokenIds = Annotated[bytes, msgspec.Meta(extra={"packed": TOKEN_DTYPE.str, "ch": "Array(UInt32)"})]
-LogProbs = Annotated[bytes, msgspec.Meta(extra={"packed": LOGPROB_DTYPE.str, "ch": "Array(Float32)"})]
+LogProbs = Annotated[
+    bytes, msgspec.Meta(extra={"packed": LOGPROB_DTYPE.str, "ch": "Array(Float32)"})
+]
 Mask = Annotated[bytes, msgspec.Meta(extra={"packed": MASK_DTYPE.str, "ch": "Array(UInt8)"})]
 
 

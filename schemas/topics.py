@@ -39,7 +39,9 @@ TOPICS: tuple[Topic, ...] = (
     Topic("tokens", "rollout_id", (TokenRecord,), ("orchestrator", "sink")),
     Topic("scored", "group_id", (RolloutScored,), ("orchestrator", "sink")),
     Topic("batches", "run_id", (TrainBatch,), ("trainer", "sink")),
-    Topic("weights", "run_id", (WeightVersion, WeightLoaded), ("inference", "orchestrator", "sink")),
+    Topic(
+        "weights", "run_id", (WeightVersion, WeightLoaded), ("inference", "orchestrator", "sink")
+    ),
     Topic("steps", "run_id", (TrainStep,)),
     Topic("dlq", "key", (DeadLetter,)),
 )

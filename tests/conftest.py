@@ -23,10 +23,15 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
 @pytest.fixture
 def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
     """Settings for one test: the session broker, a fresh topic prefix and a tmp store path."""
-    return load_settings(overrides={
-        "run_id": f"run-{uuid.uuid4().hex[:8]}",
-        "kafka": {"bootstrap_servers": broker.bootstrap_servers, "topic_prefix": f"t{uuid.uuid4().hex[:8]}.",
-                  "partitions": 2},
-        "store": {"url": f"chdb://{tmp_path / 'store'}", "flush_interval_s": 0.2},
-        "claim_check": {"url": str(tmp_path / "claims")},
-    })
+    return load_settings(
+        overrides={
+            "run_id": f"run-{uuid.uuid4().hex[:8]}",
+            "kafka": {
+                "bootstrap_servers": broker.bootstrap_servers,
+                "topic_prefix": f"t{uuid.uuid4().hex[:8]}.",
+                "partitions": 2,
+            },
+            "store": {"url": f"chdb://{tmp_path / 'store'}", "flush_interval_s": 0.2},
+            "claim_check": {"url": str(tmp_path / "claims")},
+        }
+    )

@@ -17,8 +17,9 @@ from rlbus.schemas import DeadLetter, RolloutCompleted, TaskPublished, TokenReco
 from rlbus.schemas.packed import pack_logprobs, pack_tokens
 
 
-async def collect(bus: Bus, group: str, topics: list[str], n: int, timeout_s: float = 30,
-                  **kwargs: object) -> list[Delivery]:
+async def collect(
+    bus: Bus, group: str, topics: list[str], n: int, timeout_s: float = 30, **kwargs: object
+) -> list[Delivery]:
     """Consume until `n` deliveries arrived (fails on timeout)."""
     got: list[Delivery] = []
     stop = asyncio.Event()
@@ -28,15 +29,23 @@ async def collect(bus: Bus, group: str, topics: list[str], n: int, timeout_s: fl
         if len(got) >= n:
             stop.set()
 
-    await asyncio.wait_for(bus.consume(group, topics, on_batch=on_batch, stop=stop, **kwargs), timeout_s)
+    await asyncio.wait_for(
+        bus.consume(group, topics, on_batch=on_batch, stop=stop, **kwargs), timeout_s
+    )
     return got
 
 
 async def test_malformed_messages_go_to_dlq_and_consumer_goes_on(settings: Settings) -> None:
     async with Bus(settings) as bus:
         await bus.publish_raw("tasks", b"\xc1 garbage bytes", key=b"k1")
-        await bus.publish_raw("tasks", msgspec.msgpack.encode({"kind": "TaskPublished", "task_id": 7}))
-        await bus.publish_raw("tasks", b'{"env": "e", "prompt": "no id"}', headers=[("content-type", b"application/json")])
+        await bus.publish_raw(
+            "tasks", msgspec.msgpack.encode({"kind": "TaskPublished", "task_id": 7})
+        )
+        await bus.publish_raw(
+            "tasks",
+            b'{"env": "e", "prompt": "no id"}',
+            headers=[("content-type", b"application/json")],
+        )
         await bus.publish(TaskPublished(task_id="good", env="e", prompt="p"))
         got = await collect(bus, "env", ["tasks"], 1)
         assert [d.event.task_id for d in got] == ["good"]  # type: ignore[attr-defined]
@@ -54,7 +63,9 @@ async def test_malformed_messages_go_to_dlq_and_consumer_goes_on(settings: Setti
 
 async def test_handler_failure_dead_letters_only_that_event(settings: Settings) -> None:
     async with Bus(settings) as bus:
-        await bus.publish_many([TaskPublished(task_id=str(i), env="e", prompt="p") for i in range(10)])
+        await bus.publish_many(
+            [TaskPublished(task_id=str(i), env="e", prompt="p") for i in range(10)]
+        )
         handled: list[str] = []
         stop = asyncio.Event()
 
@@ -80,22 +91,32 @@ async def test_json_task_from_plain_aiokafka_producer(settings: Settings) -> Non
         await bus.ensure_topics(["tasks"])
         await producer.start()
         try:
-            await producer.send_and_wait(settings.kafka.topic_prefix + "tasks",
-                                         b'{"task_id": "ext-1", "env": "reverse_text", "prompt": "olleh", "answer": "hello"}')
+            await producer.send_and_wait(
+                settings.kafka.topic_prefix + "tasks",
+                b'{"task_id": "ext-1", "env": "reverse_text", "prompt": "olleh", "answer": "hello"}',
+            )
         finally:
             await producer.stop()
         got = await collect(bus, "env", ["tasks"], 1)
     task = got[0].event
     assert isinstance(task, TaskPublished)
-    assert (task.task_id, task.env, task.prompt, task.answer) == ("ext-1", "reverse_text", "olleh", "hello")
+    assert (task.task_id, task.env, task.prompt, task.answer) == (
+        "ext-1",
+        "reverse_text",
+        "olleh",
+        "hello",
+    )
     assert task.event_id  # derived from its position, so a redelivery keeps it
 
 
 async def test_five_mib_token_record_goes_through_claim_check(settings: Settings) -> None:
     n = 5 * 1024 * 1024 // 8  # 5 MiB of ids + log-probs
     rng = np.random.default_rng(0)
-    big = TokenRecord(rollout_id="big", prompt_ids=pack_tokens(rng.integers(0, 50_000, n)),
-                      logprobs=pack_logprobs(rng.standard_normal(n)))
+    big = TokenRecord(
+        rollout_id="big",
+        prompt_ids=pack_tokens(rng.integers(0, 50_000, n)),
+        logprobs=pack_logprobs(rng.standard_normal(n)),
+    )
     async with Bus(settings) as bus:
         await bus.publish(big)
         got = await collect(bus, "orchestrator", ["tokens"], 1)
@@ -106,14 +127,20 @@ async def test_five_mib_token_record_goes_through_claim_check(settings: Settings
 
 async def test_uncommitted_batch_is_redelivered_after_a_crash(settings: Settings) -> None:
     async with Bus(settings) as bus:
-        await bus.publish_many([RolloutCompleted(rollout_id=str(i), group_id="g", task_id="t", env="e")
-                                for i in range(5)])
+        await bus.publish_many(
+            [
+                RolloutCompleted(rollout_id=str(i), group_id="g", task_id="t", env="e")
+                for i in range(5)
+            ]
+        )
 
         async def crash(batch: list[Delivery]) -> None:
             raise ConnectionError("store went away")
 
         with pytest.raises(ConnectionError):
-            await asyncio.wait_for(bus.consume("sinkish", ["rollouts"], on_batch=crash, handler_errors="raise"), 30)
+            await asyncio.wait_for(
+                bus.consume("sinkish", ["rollouts"], on_batch=crash, handler_errors="raise"), 30
+            )
         got = await collect(bus, "sinkish", ["rollouts"], 5)
     assert sorted(d.event.rollout_id for d in got) == ["0", "1", "2", "3", "4"]  # type: ignore[attr-defined]
 
@@ -152,8 +179,12 @@ async def test_held_message_is_not_committed_until_released(settings: Settings) 
     """A handler that holds a message (a judge's incomplete group) gets it again after a
     restart, with everything after it on that partition; released ones are committed."""
     async with Bus(settings) as bus:
-        await bus.publish_many([RolloutCompleted(rollout_id=str(i), group_id="g", task_id="t", env="e")
-                                for i in range(6)])  # one key: one partition, in order
+        await bus.publish_many(
+            [
+                RolloutCompleted(rollout_id=str(i), group_id="g", task_id="t", env="e")
+                for i in range(6)
+            ]
+        )  # one key: one partition, in order
         stop = asyncio.Event()
 
         async def hold_the_third(batch: list[Delivery]) -> None:
@@ -163,7 +194,9 @@ async def test_held_message_is_not_committed_until_released(settings: Settings) 
             if any(d.event.rollout_id == "5" for d in batch):  # type: ignore[attr-defined]
                 stop.set()
 
-        await asyncio.wait_for(bus.consume("judge", ["rollouts"], on_batch=hold_the_third, stop=stop), 30)
+        await asyncio.wait_for(
+            bus.consume("judge", ["rollouts"], on_batch=hold_the_third, stop=stop), 30
+        )
         again = await collect(bus, "judge", ["rollouts"], 4)
     assert [d.event.rollout_id for d in again] == ["2", "3", "4", "5"]  # type: ignore[attr-defined]
 
@@ -173,8 +206,12 @@ async def test_slow_event_neither_stalls_the_rest_nor_gets_committed(settings: S
     rollout): with 4 slots, one stuck event and 20 quick ones all get through; at stop the stuck
     one is cancelled, and a restart gets it again with everything after it on its partition."""
     async with Bus(settings) as bus:
-        await bus.publish_many([RolloutCompleted(rollout_id=str(i), group_id="g", task_id="t", env="e")
-                                for i in range(21)])  # one key: one partition, in order
+        await bus.publish_many(
+            [
+                RolloutCompleted(rollout_id=str(i), group_id="g", task_id="t", env="e")
+                for i in range(21)
+            ]
+        )  # one key: one partition, in order
         quick: list[str] = []
         stop = asyncio.Event()
 
@@ -186,7 +223,9 @@ async def test_slow_event_neither_stalls_the_rest_nor_gets_committed(settings: S
             if len(quick) == 20:
                 stop.set()
 
-        await asyncio.wait_for(bus.consume("env", ["rollouts"], on_event=on_event, stop=stop, concurrency=4), 30)
+        await asyncio.wait_for(
+            bus.consume("env", ["rollouts"], on_event=on_event, stop=stop, concurrency=4), 30
+        )
         again = await collect(bus, "env", ["rollouts"], 18)
     assert sorted(quick, key=int) == [str(i) for i in range(21) if i != 3]
     assert [d.event.rollout_id for d in again] == [str(i) for i in range(3, 21)]  # type: ignore[attr-defined]

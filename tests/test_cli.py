@@ -19,13 +19,24 @@ from rlbus.config import Settings, settings_env
 from rlbus.processes import RoleProcess, wait_for
 from rlbus.runtime import store_served_elsewhere
 
-ROWS = [{"question": f"reverse {w}", "answer": w[::-1], "level": i} for i, w in enumerate(["abc", "hello", "rlbus"])]
+ROWS = [
+    {"question": f"reverse {w}", "answer": w[::-1], "level": i}
+    for i, w in enumerate(["abc", "hello", "rlbus"])
+]
 
 
-def rlbus(settings: Settings, *args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def rlbus(
+    settings: Settings, *args: str, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **settings_env(settings), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "rlbus", *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rlbus", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def write_sources(tmp: Path) -> dict[str, str]:
@@ -38,8 +49,15 @@ def write_sources(tmp: Path) -> dict[str, str]:
     hf = tmp / "hf"
     Dataset.from_list(ROWS).save_to_disk(str(hf))
     module = tmp / "my_tasks.py"
-    module.write_text("def tasks():\n    for r in ROWS:\n        yield dict(r)\n" + f"ROWS = {ROWS!r}\n")
-    return {"jsonl": str(jsonl), "parquet": str(parquet), "hf": str(hf), "python": f"{module}:tasks"}
+    module.write_text(
+        "def tasks():\n    for r in ROWS:\n        yield dict(r)\n" + f"ROWS = {ROWS!r}\n"
+    )
+    return {
+        "jsonl": str(jsonl),
+        "parquet": str(parquet),
+        "hf": str(hf),
+        "python": f"{module}:tasks",
+    }
 
 
 def test_tasks_publish_every_source_then_sql_and_topics(settings: Settings, tmp_path: Path) -> None:
@@ -48,24 +66,44 @@ def test_tasks_publish_every_source_then_sql_and_topics(settings: Settings, tmp_
     try:
         wait_for(lambda: store_served_elsewhere(settings), 60, "the sink", processes=(sink,))
         for name, source in sources.items():
-            result = rlbus(settings, "tasks", "publish", source, "--env", f"env-{name}", "--run-id", "cli-run")
+            result = rlbus(
+                settings, "tasks", "publish", source, "--env", f"env-{name}", "--run-id", "cli-run"
+            )
             assert result.returncode == 0, result.stderr
             assert "published 3 tasks" in result.stdout
-        query = ("SELECT env, count() AS n, groupArray(answer) AS answers FROM tasks FINAL "
-                 "WHERE run_id = 'cli-run' GROUP BY env ORDER BY env")
+        query = (
+            "SELECT env, count() AS n, groupArray(answer) AS answers FROM tasks FINAL "
+            "WHERE run_id = 'cli-run' GROUP BY env ORDER BY env"
+        )
 
         def landed() -> bool:
             out = rlbus(settings, "sql", query, "--format", "json")
             return out.returncode == 0 and len(out.stdout.splitlines()) == 4
 
         wait_for(landed, 60, "tasks from every source", interval_s=0.5, processes=(sink,))
-        rows = [json.loads(line) for line in rlbus(settings, "sql", query, "--format", "json").stdout.splitlines()]
+        rows = [
+            json.loads(line)
+            for line in rlbus(settings, "sql", query, "--format", "json").stdout.splitlines()
+        ]
         assert [r["env"] for r in rows] == [f"env-{n}" for n in sorted(sources)]
-        assert all(r["n"] == 3 and sorted(r["answers"]) == sorted(x["answer"] for x in ROWS) for r in rows)
+        assert all(
+            r["n"] == 3 and sorted(r["answers"]) == sorted(x["answer"] for x in ROWS) for r in rows
+        )
         # Extra columns are kept in `info`; question became the prompt.
-        csv = rlbus(settings, "sql", "SELECT JSONExtractString(prompt) AS prompt, JSONExtractInt(info, 'level') AS level FROM tasks FINAL "
-                    "WHERE env = 'env-jsonl' ORDER BY level", "--format", "csv").stdout.splitlines()
-        assert csv == ['"prompt","level"', '"reverse abc",0', '"reverse hello",1', '"reverse rlbus",2']
+        csv = rlbus(
+            settings,
+            "sql",
+            "SELECT JSONExtractString(prompt) AS prompt, JSONExtractInt(info, 'level') AS level FROM tasks FINAL "
+            "WHERE env = 'env-jsonl' ORDER BY level",
+            "--format",
+            "csv",
+        ).stdout.splitlines()
+        assert csv == [
+            '"prompt","level"',
+            '"reverse abc",0',
+            '"reverse hello",1',
+            '"reverse rlbus",2',
+        ]
         table = rlbus(settings, "sql", "SELECT count() AS tasks FROM tasks FINAL").stdout
         assert "12" in table and "tasks" in table
         refused = rlbus(settings, "sql", "DROP TABLE tasks")
@@ -76,7 +114,11 @@ def test_tasks_publish_every_source_then_sql_and_topics(settings: Settings, tmp_
         lines = topics.stdout.splitlines()
         tasks_row = next(line for line in lines if f"{settings.kafka.topic_prefix}tasks " in line)
         assert tasks_row.split("│")[2].strip() == str(settings.kafka.partitions)
-        sink_row = next(line for line in lines if f"{settings.kafka.topic_prefix}sink " in line and " tasks " in line)
+        sink_row = next(
+            line
+            for line in lines
+            if f"{settings.kafka.topic_prefix}sink " in line and " tasks " in line
+        )
         committed, lag = (cell.strip() for cell in sink_row.split("│")[3:5])
         assert (committed, lag) == ("12", "0")  # the sink has stored and committed every task
     finally:
@@ -88,15 +130,23 @@ def test_bad_source_and_missing_broker_are_explained(settings: Settings, tmp_pat
     bad.write_text('{"question": "q", "answer": "a"}\nnot json\n')
     result = rlbus(settings, "tasks", "publish", str(bad), "--env", "e")
     assert result.returncode == 2 and "bad.jsonl:2: not JSON" in result.stderr
-    no_broker = settings.model_copy(update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": None})})
+    no_broker = settings.model_copy(
+        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": None})}
+    )
     result = rlbus(no_broker, "topics", cwd=tmp_path)
     assert result.returncode != 0 and "rlbus broker" in result.stderr
 
 
 def test_broker_command_is_found_by_other_commands(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLBUS_")}
-    broker = subprocess.Popen([sys.executable, "-m", "rlbus", "broker"], cwd=tmp_path, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    broker = subprocess.Popen(
+        [sys.executable, "-m", "rlbus", "broker"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         line = ""
         deadline = time.monotonic() + 30
@@ -104,8 +154,14 @@ def test_broker_command_is_found_by_other_commands(tmp_path: Path) -> None:
             line = broker.stdout.readline()  # type: ignore[union-attr]
         address = line.rsplit(" ", 1)[-1].strip()
         assert address.startswith("127.0.0.1:")
-        topics = subprocess.run([sys.executable, "-m", "rlbus", "topics"], cwd=tmp_path, env=env,
-                                capture_output=True, text=True, timeout=60)
+        topics = subprocess.run(
+            [sys.executable, "-m", "rlbus", "topics"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert topics.returncode == 0, topics.stderr
         assert f"topics on {address}" in topics.stdout
     finally:
@@ -116,18 +172,32 @@ def test_broker_command_is_found_by_other_commands(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_quickstart_is_one_command(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLBUS_")}
-    result = subprocess.run([sys.executable, "-m", "rlbus", "quickstart", "-n", "50"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [sys.executable, "-m", "rlbus", "quickstart", "-n", "50"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "landed in ClickHouse" in result.stdout and "reverse_text" in result.stdout
     # Afterwards nothing holds the store, and `rlbus sql` opens it directly.
-    sql = subprocess.run([sys.executable, "-m", "rlbus", "sql", "SELECT count() FROM tasks FINAL", "-f", "csv"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert sql.stdout.split() == ["\"count()\"", "50"], sql.stderr
+    sql = subprocess.run(
+        [sys.executable, "-m", "rlbus", "sql", "SELECT count() FROM tasks FINAL", "-f", "csv"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert sql.stdout.split() == ['"count()"', "50"], sql.stderr
     assert not (tmp_path / "rlbus-data" / ".rlbus-broker").exists()
 
 
-def test_embedded_broker_reports_a_binary_that_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_embedded_broker_reports_a_binary_that_cannot_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake = tmp_path / "tansu"
     fake.write_text("#!/bin/sh\necho 'cannot start: boom' >&2\nexit 3\n")
     fake.chmod(0o755)
@@ -141,6 +211,10 @@ def test_embedded_broker_reports_a_binary_that_cannot_run(tmp_path: Path, monkey
 def test_the_cli_imports_no_model_library() -> None:
     # Every role process runs `python -m rlbus worker ...`: torch and transformers there cost
     # each of them seconds before doing anything (the CLI took 6.3 s to import with them).
-    code = "import sys, rlbus.cli; print(sorted({'torch', 'transformers', 'vllm'} & set(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    code = (
+        "import sys, rlbus.cli; print(sorted({'torch', 'transformers', 'vllm'} & set(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"

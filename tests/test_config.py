@@ -16,7 +16,12 @@ def test_precedence_toml_env_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     toml.write_text('run_id = "from-file"\n[kafka]\npartitions = 3\ntopic_prefix = "f."\n')
     monkeypatch.setenv("RLBUS_KAFKA__PARTITIONS", "5")
     s = load_settings(toml, ["--kafka.topic-prefix", "cli.", "--store.batch-rows=7"])
-    assert (s.run_id, s.kafka.partitions, s.kafka.topic_prefix, s.store.batch_rows) == ("from-file", 5, "cli.", 7)
+    assert (s.run_id, s.kafka.partitions, s.kafka.topic_prefix, s.store.batch_rows) == (
+        "from-file",
+        5,
+        "cli.",
+        7,
+    )
 
 
 def test_typo_is_named(tmp_path: Path) -> None:
@@ -43,7 +48,11 @@ def test_cli_rejects_bad_field_before_starting() -> None:
 
 
 def test_overrides_parse_nested_and_flags() -> None:
-    assert parse_overrides(["--a.b-c", "1", "--flag", "--x=y"]) == {"a": {"b_c": "1"}, "flag": "true", "x": "y"}
+    assert parse_overrides(["--a.b-c", "1", "--flag", "--x=y"]) == {
+        "a": {"b_c": "1"},
+        "flag": "true",
+        "x": "y",
+    }
     with pytest.raises(ConfigError, match="unexpected argument"):
         parse_overrides(["stray"])
 

@@ -38,19 +38,25 @@ def test_every_role_is_deployed_both_ways() -> None:
     assert {r.removeprefix("roles/") for r in listed if r.startswith("roles/")} == roles
 
 
-@pytest.mark.parametrize("args", [*(svc["command"] for svc in compose_services().values()),
-                                  *k8s_role_args().values()])
+@pytest.mark.parametrize(
+    "args", [*(svc["command"] for svc in compose_services().values()), *k8s_role_args().values()]
+)
 def test_deployed_commands_exist(args: list[str]) -> None:
     # The command's own flags are checked by --help parsing up to the subcommand.
     subcommand = [a for a in args if not a.startswith("-")][:2]
     result = CliRunner().invoke(app, [*subcommand, "--help"])
-    assert result.exit_code == 0, f"`rlbus {' '.join(subcommand)}` is not a command: {result.output}"
+    assert result.exit_code == 0, (
+        f"`rlbus {' '.join(subcommand)}` is not a command: {result.output}"
+    )
 
 
 def test_deployed_settings_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     compose_env = next(iter(compose_services().values()))["environment"]
-    configmap = next(d for d in yaml.safe_load_all((DEPLOY / "k8s" / "config.yaml").read_text())
-                     if d["kind"] == "ConfigMap")["data"]
+    configmap = next(
+        d
+        for d in yaml.safe_load_all((DEPLOY / "k8s" / "config.yaml").read_text())
+        if d["kind"] == "ConfigMap"
+    )["data"]
     for env in (compose_env, configmap):
         for key in [k for k in os.environ if k.startswith("RLBUS_")]:
             monkeypatch.delenv(key)

@@ -11,7 +11,16 @@ import pytest
 
 from rlbus.config import ConfigError
 from rlbus.consumers.judge import Scorer
-from rlbus.producers.env import RuleError, TaskSet, discover, group_reward, load_environment, metric, reward, tool
+from rlbus.producers.env import (
+    RuleError,
+    TaskSet,
+    discover,
+    group_reward,
+    load_environment,
+    metric,
+    reward,
+    tool,
+)
 from rlbus.producers.harnesses import python_tool
 from rlbus.producers.tasksets import load_tasks
 from rlbus.producers.tasksets.stream import TaskStream
@@ -46,8 +55,16 @@ class Tagged(TaskSet):
 
 
 def rollout(text: str, index: int = 0) -> RolloutCompleted:
-    return RolloutCompleted(rollout_id=f"r{index}", group_id="g", task_id="t", env="tagged", sample_index=index,
-                            group_size=2, completion=[{"role": "assistant", "content": text}], answer="ok")
+    return RolloutCompleted(
+        rollout_id=f"r{index}",
+        group_id="g",
+        task_id="t",
+        env="tagged",
+        sample_index=index,
+        group_size=2,
+        completion=[{"role": "assistant", "content": text}],
+        answer="ok",
+    )
 
 
 def test_decorators_only_tag_and_discovery_finds_every_kind() -> None:
@@ -82,21 +99,26 @@ def test_scorer_injects_by_name_and_weights_the_sum() -> None:
     env = load_environment(f"{__name__}:Tagged", {"group_size": 2})
     assert env.id == "tagged"
     scored = asyncio.run(Scorer(env).score([rollout("ok", 0), rollout("nope", 1)]))
-    assert [s.rewards for s in scored] == [{"exact": 1.0, "length": 1.0, "first": 1.0},
-                                           {"exact": 0.0, "length": 1.0, "first": 0.0}]
+    assert [s.rewards for s in scored] == [
+        {"exact": 1.0, "length": 1.0, "first": 1.0},
+        {"exact": 0.0, "length": 1.0, "first": 0.0},
+    ]
     assert [s.reward for s in scored] == [2.0 + 1.0 + 0.5, 1.0]
     assert scored[1].metrics == {"chars": 4.0}
 
 
 def test_toml_overrides_taskset_defaults_and_cli_overrides_toml(tmp_path: Path) -> None:
-    (tmp_path / "env.py").write_text(textwrap.dedent("""
+    (tmp_path / "env.py").write_text(
+        textwrap.dedent("""
         from rlbus.producers.env import TaskSet
         class Words(TaskSet):
             defaults = {"group_size": 3, "harness": {"kind": "tools", "max_turns": 2}}
             def rows(self):
                 return [{"prompt": w, "answer": w[::-1]} for w in self.args["words"]]
-    """))
-    (tmp_path / "env.toml").write_text(textwrap.dedent("""
+    """)
+    )
+    (tmp_path / "env.toml").write_text(
+        textwrap.dedent("""
         [env]
         taskset = "env.py"
         args = { words = ["abc", "de", "fgh"] }
@@ -104,18 +126,27 @@ def test_toml_overrides_taskset_defaults_and_cli_overrides_toml(tmp_path: Path) 
         max_turns = 5
         [env.sampling]
         temperature = 0.5
-    """))
+    """)
+    )
     env = load_environment(str(tmp_path), {"sampling": {"max_tokens": 9}})
     assert env.id == "words"
-    assert (env.config.group_size, env.config.harness.kind, env.config.harness.max_turns) == (3, "tools", 5)
+    assert (env.config.group_size, env.config.harness.kind, env.config.harness.max_turns) == (
+        3,
+        "tools",
+        5,
+    )
     assert (env.config.sampling.temperature, env.config.sampling.max_tokens) == (0.5, 9)
     assert [t.answer for t in env.tasks("r1")] == ["cba", "ed", "hgf"]
     assert {t.env for t in env.tasks()} == {"words"}
 
 
 def test_config_errors_name_the_field(tmp_path: Path) -> None:
-    (tmp_path / "env.toml").write_text('[env]\ntaskset = "env.py"\ngroup_size = 0\n[env.harness]\nkind = "nope"\n')
-    (tmp_path / "env.py").write_text("from rlbus.producers.env import TaskSet\nclass A(TaskSet): pass\n")
+    (tmp_path / "env.toml").write_text(
+        '[env]\ntaskset = "env.py"\ngroup_size = 0\n[env.harness]\nkind = "nope"\n'
+    )
+    (tmp_path / "env.py").write_text(
+        "from rlbus.producers.env import TaskSet\nclass A(TaskSet): pass\n"
+    )
     with pytest.raises(ConfigError) as caught:
         load_environment(str(tmp_path / "env.toml"))
     assert "group_size" in str(caught.value) and "harness.kind" in str(caught.value)
@@ -132,7 +163,8 @@ def test_entry_point_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         "    name = 'echo'\n"
         "    def rows(self): return [{'prompt': 'x', 'answer': 'x'}]\n"
         "    @reward\n"
-        "    def same(self, text, answer): return float(text == answer)\n")
+        "    def same(self, text, answer): return float(text == answer)\n"
+    )
     dist = tmp_path / "my_envs-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-envs\nVersion: 0.1\n")
@@ -154,7 +186,9 @@ def test_task_stream_select_shuffle_skip_take_work_on_infinite_sets() -> None:
     assert [t.task_id for t in evens] == ["4", "6", "8"]
     assert [t.task_id for t in evens] == ["4", "6", "8"]  # re-iterable
     shuffled = [t.task_id for t in TaskStream(forever).take(50).shuffle(seed=1, buffer=10)]
-    assert sorted(shuffled, key=int) == [str(i) for i in range(50)] and shuffled != sorted(shuffled, key=int)
+    assert sorted(shuffled, key=int) == [str(i) for i in range(50)] and shuffled != sorted(
+        shuffled, key=int
+    )
     assert shuffled == [t.task_id for t in TaskStream(forever).take(50).shuffle(seed=1, buffer=10)]
     assert len(list(TaskStream(forever).shuffle(seed=0, buffer=8).take(20))) == 20
 
@@ -163,10 +197,15 @@ def test_reasoning_gym_loader_is_offline_and_deterministic() -> None:
     first = list(load_tasks("reasoning-gym:basic_arithmetic?size=5&seed=7", env="arith"))
     again = list(load_tasks("reasoning-gym:basic_arithmetic?size=5&seed=7", env="arith"))
     assert len(first) == 5 and [t.task_id for t in first] == [t.task_id for t in again]
-    assert first[0].prompt.startswith("Calculate") and first[0].info["metadata"]["source_dataset"] == "basic_arithmetic"
+    assert (
+        first[0].prompt.startswith("Calculate")
+        and first[0].info["metadata"]["source_dataset"] == "basic_arithmetic"
+    )
 
 
-@pytest.mark.parametrize("example", ["reverse_text", "arithmetic", "calculator", "guess_number", "command_agent"])
+@pytest.mark.parametrize(
+    "example", ["reverse_text", "arithmetic", "calculator", "guess_number", "command_agent"]
+)
 def test_examples_load(example: str) -> None:
     env = load_environment(str(EXAMPLES / example))
     assert env.rules.rewards and next(iter(env.tasks())).prompt
@@ -175,11 +214,26 @@ def test_examples_load(example: str) -> None:
 def test_arithmetic_example_scores_with_the_generators_checker() -> None:
     env = load_environment(str(EXAMPLES / "arithmetic"))
     task = next(iter(env.tasks()))
-    good = RolloutCompleted(rollout_id="a", group_id="g", task_id=task.task_id, env=env.id, prompt=task.prompt,
-                            answer=task.answer, info=task.info,
-                            completion=[{"role": "assistant", "content": f"so <answer>{task.answer}</answer>"}])
-    bad = RolloutCompleted(rollout_id="b", group_id="g", task_id=task.task_id, env=env.id, sample_index=1,
-                           prompt=task.prompt, answer=task.answer, info=task.info,
-                           completion=[{"role": "assistant", "content": "<answer>nope</answer>"}])
+    good = RolloutCompleted(
+        rollout_id="a",
+        group_id="g",
+        task_id=task.task_id,
+        env=env.id,
+        prompt=task.prompt,
+        answer=task.answer,
+        info=task.info,
+        completion=[{"role": "assistant", "content": f"so <answer>{task.answer}</answer>"}],
+    )
+    bad = RolloutCompleted(
+        rollout_id="b",
+        group_id="g",
+        task_id=task.task_id,
+        env=env.id,
+        sample_index=1,
+        prompt=task.prompt,
+        answer=task.answer,
+        info=task.info,
+        completion=[{"role": "assistant", "content": "<answer>nope</answer>"}],
+    )
     scored = asyncio.run(Scorer(env).score([good, bad]))
     assert [s.rewards["correct"] for s in scored] == [1.0, 0.0]

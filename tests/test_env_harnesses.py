@@ -20,14 +20,26 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    return {"content": None, "tool_calls": [{"id": f"call_{name}", "type": "function",
-                                              "function": {"name": name, "arguments": json.dumps(arguments)}}]}
+    return {
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"call_{name}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)},
+            }
+        ],
+    }
 
 
-async def run_one(spec: str, model: ScriptedModel, overrides: dict[str, Any] | None = None) -> RolloutOutput:
+async def run_one(
+    spec: str, model: ScriptedModel, overrides: dict[str, Any] | None = None
+) -> RolloutOutput:
     with ScriptedServer(model) as upstream:
-        env = load_environment(spec, {"model": {"name": "scripted", "base_url": f"{upstream.url}/v1"},
-                                      **(overrides or {})})
+        env = load_environment(
+            spec,
+            {"model": {"name": "scripted", "base_url": f"{upstream.url}/v1"}, **(overrides or {})},
+        )
         async with InterceptionServer(EvalBackend(env.config.model), env.config.sampling) as server:
             return await RolloutRunner(env, server).run(next(iter(env.tasks("r"))), "group", 0, 1)
 
@@ -53,10 +65,16 @@ async def test_tools_harness_runs_task_set_tools_and_scores() -> None:
 async def test_tool_mistakes_are_reported_to_the_model() -> None:
     def script(messages: list[dict], tools: list[dict] | None) -> dict[str, Any]:
         turn = sum(m["role"] == "assistant" for m in messages)
-        return [call("nope", {}), call("calculate", {"expr": "1"}), call("calculate", {"expression": "import os"}),
-                {"content": "give up"}][turn]
+        return [
+            call("nope", {}),
+            call("calculate", {"expr": "1"}),
+            call("calculate", {"expression": "import os"}),
+            {"content": "give up"},
+        ][turn]
 
-    out = await run_one(str(EXAMPLES / "calculator"), ScriptedModel(chat=script), {"harness": {"max_turns": 4}})
+    out = await run_one(
+        str(EXAMPLES / "calculator"), ScriptedModel(chat=script), {"harness": {"max_turns": 4}}
+    )
     errors = [m["content"] for m in out.rollout.completion if m["role"] == "tool"]
     assert errors[0].startswith("error: LookupError: no tool named 'nope'")
     assert errors[1].startswith("error: ValidationError") and "expression" in errors[1]
@@ -65,7 +83,8 @@ async def test_tool_mistakes_are_reported_to_the_model() -> None:
 
 
 async def test_mcp_server_tools(tmp_path: Path) -> None:
-    (tmp_path / "server.py").write_text(textwrap.dedent('''
+    (tmp_path / "server.py").write_text(
+        textwrap.dedent('''
         from mcp.server.mcpserver import MCPServer
         server = MCPServer("words")
         @server.tool()
@@ -73,8 +92,10 @@ async def test_mcp_server_tools(tmp_path: Path) -> None:
             """Upper-case the text."""
             return text.upper()
         server.run()
-    '''))
-    (tmp_path / "env.py").write_text(textwrap.dedent('''
+    ''')
+    )
+    (tmp_path / "env.py").write_text(
+        textwrap.dedent("""
         from rlbus.producers.env import TaskSet, reward
         class Shouting(TaskSet):
             def rows(self):
@@ -82,15 +103,24 @@ async def test_mcp_server_tools(tmp_path: Path) -> None:
             @reward
             def loud(self, text, answer):
                 return float(text == answer)
-    '''))
+    """)
+    )
 
     def script(messages: list[dict], tools: list[dict] | None) -> dict[str, Any]:
         assert [t["function"]["name"] for t in tools or []] == ["shout"]
         results = [m["content"] for m in messages if m["role"] == "tool"]
         return {"content": results[-1]} if results else call("shout", {"text": "hello"})
 
-    out = await run_one(str(tmp_path / "env.py"), ScriptedModel(chat=script), {
-        "harness": {"kind": "tools", "mcp_servers": [{"command": [sys.executable, str(tmp_path / "server.py")]}]}})
+    out = await run_one(
+        str(tmp_path / "env.py"),
+        ScriptedModel(chat=script),
+        {
+            "harness": {
+                "kind": "tools",
+                "mcp_servers": [{"command": [sys.executable, str(tmp_path / "server.py")]}],
+            }
+        },
+    )
     assert out.rollout.status == "ok", out.rollout.error
     assert out.rollout.completion[-1]["content"] == "HELLO"
 
@@ -102,13 +132,21 @@ async def test_model_driven_user_simulator() -> None:
         return {"content": "DONE" if len(messages) > 3 else "Try once more."}
 
     with ScriptedServer(ScriptedModel(chat=user_script)) as user_model:
-        out = await run_one(str(EXAMPLES / "reverse_text"), ScriptedModel(), {"harness": {"user_model": {
-            "name": "user-sim", "base_url": f"{user_model.url}/v1"}}})
+        out = await run_one(
+            str(EXAMPLES / "reverse_text"),
+            ScriptedModel(),
+            {"harness": {"user_model": {"name": "user-sim", "base_url": f"{user_model.url}/v1"}}},
+        )
     roles = [m["role"] for m in out.rollout.completion]
-    assert roles == ["assistant", "user", "assistant"] and out.rollout.completion[1]["content"] == "Try once more."
+    assert (
+        roles == ["assistant", "user", "assistant"]
+        and out.rollout.completion[1]["content"] == "Try once more."
+    )
 
 
 async def test_rollout_over_its_time_limit_is_errored() -> None:
-    out = await run_one(str(EXAMPLES / "reverse_text"), ScriptedModel(delay_s=5), {"harness": {"timeout_s": 0.5}})
+    out = await run_one(
+        str(EXAMPLES / "reverse_text"), ScriptedModel(delay_s=5), {"harness": {"timeout_s": 0.5}}
+    )
     assert (out.rollout.status, out.rollout.error_kind) == ("error", "timeout")
     assert "harness.timeout_s = 0.5s" in out.rollout.error

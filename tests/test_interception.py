@@ -20,18 +20,36 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from rlbus.bus import telemetry
 from rlbus.producers.env import ModelConfig, SamplingConfig, load_environment
-from rlbus.producers.interception import EvalBackend, InterceptionServer, TokenBackend, trace_samples
+from rlbus.producers.interception import (
+    EvalBackend,
+    InterceptionServer,
+    TokenBackend,
+    trace_samples,
+)
 from rlbus.producers.interception.scripted import ScriptedModel, ScriptedServer
 from rlbus.producers.rollouts import RolloutRunner
 from rlbus.schemas.packed import logprobs, mask, tokens
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-CALL = {"id": "call_7", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
-ADD_TOOL = {"name": "add", "description": "Add.", "parameters": {"type": "object", "properties": {
-    "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}
+CALL = {
+    "id": "call_7",
+    "type": "function",
+    "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'},
+}
+ADD_TOOL = {
+    "name": "add",
+    "description": "Add.",
+    "parameters": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+    },
+}
 
 
-def tool_script(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+def tool_script(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> dict[str, Any]:
     """Calls `add` when offered tools and no result is in yet; otherwise answers with what it saw."""
     if tools and not any(m["role"] == "tool" for m in messages):
         return {"content": None, "tool_calls": [CALL]}
@@ -53,44 +71,68 @@ async def server(upstream: ScriptedServer) -> AsyncIterator[InterceptionServer]:
         yield s
 
 
-async def test_openai_chat_plain_and_streaming(server: InterceptionServer, upstream: ScriptedServer) -> None:
+async def test_openai_chat_plain_and_streaming(
+    server: InterceptionServer, upstream: ScriptedServer
+) -> None:
     with server.session("r-chat") as session:
         client = openai.AsyncOpenAI(base_url=session.base_url, api_key="k", max_retries=0)
-        reply = await client.chat.completions.create(model="anything", messages=[{"role": "user", "content": "hi"}],
-                                                     temperature=1.5)
+        reply = await client.chat.completions.create(
+            model="anything", messages=[{"role": "user", "content": "hi"}], temperature=1.5
+        )
         assert reply.choices[0].message.content == "seen 1 messages" and reply.model == "scripted"
         assert reply.choices[0].finish_reason == "stop" and reply.usage is not None
-        chunks = [c async for c in await client.chat.completions.create(
-            model="x", messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "seen 1 messages"},
-                                 {"role": "user", "content": "again"}],
-            stream=True, stream_options={"include_usage": True})]
+        chunks = [
+            c
+            async for c in await client.chat.completions.create(
+                model="x",
+                messages=[
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "seen 1 messages"},
+                    {"role": "user", "content": "again"},
+                ],
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        ]
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert text == "seen 3 messages" and chunks[-1].usage is not None
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
         models = await client.models.list()
         assert [m.id for m in models.data] == ["scripted"]
     # The run's sampling won over the client's temperature; unset fields passed through.
-    assert [(c["temperature"], c["max_tokens"], c["model"]) for c in upstream.model.calls] == [(0.25, 77, "scripted")] * 2
+    assert [(c["temperature"], c["max_tokens"], c["model"]) for c in upstream.model.calls] == [
+        (0.25, 77, "scripted")
+    ] * 2
     trace = session.trace
     assert [(n.branch, n.message["role"], n.call is not None) for n in trace.nodes] == [
-        ("main", "user", False), ("main", "assistant", True), ("main", "user", False), ("main", "assistant", True)]
-    assert trace.completion() == [{"role": "assistant", "content": "seen 1 messages"},
-                                  {"role": "user", "content": "again"},
-                                  {"role": "assistant", "content": "seen 3 messages"}]
+        ("main", "user", False),
+        ("main", "assistant", True),
+        ("main", "user", False),
+        ("main", "assistant", True),
+    ]
+    assert trace.completion() == [
+        {"role": "assistant", "content": "seen 1 messages"},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "seen 3 messages"},
+    ]
 
 
 async def test_openai_tool_calls_round_trip(server: InterceptionServer) -> None:
     with server.session("r-tools") as session:
         client = openai.AsyncOpenAI(base_url=session.base_url, api_key="k", max_retries=0)
         messages: list[Any] = [{"role": "user", "content": "add 1 and 2"}]
-        first = await client.chat.completions.create(model="m", messages=messages,
-                                                     tools=[{"type": "function", "function": ADD_TOOL}])
+        first = await client.chat.completions.create(
+            model="m", messages=messages, tools=[{"type": "function", "function": ADD_TOOL}]
+        )
         call = first.choices[0].message.tool_calls[0]
         assert first.choices[0].finish_reason == "tool_calls" and call.function.name == "add"
-        messages += [first.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": "3"}]
-        second = await client.chat.completions.create(model="m", messages=messages,
-                                                      tools=[{"type": "function", "function": ADD_TOOL}])
+        messages += [
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "3"},
+        ]
+        second = await client.chat.completions.create(
+            model="m", messages=messages, tools=[{"type": "function", "function": ADD_TOOL}]
+        )
         assert second.choices[0].message.content == "sum=3"
     assert {n.branch for n in session.trace.nodes} == {"main"} and len(session.trace.calls) == 2
 
@@ -99,16 +141,32 @@ async def test_openai_responses_plain_and_streaming(server: InterceptionServer) 
     with server.session("r-responses") as session:
         client = openai.AsyncOpenAI(base_url=session.base_url, api_key="k", max_retries=0)
         tools = [{"type": "function", **ADD_TOOL}]
-        first = await client.responses.create(model="m", instructions="be brief", input="add", tools=tools)
+        first = await client.responses.create(
+            model="m", instructions="be brief", input="add", tools=tools
+        )
         call = first.output[0]
-        assert call.type == "function_call" and call.call_id == "call_7" and json.loads(call.arguments) == {"a": 1, "b": 2}
-        follow_up = [{"role": "user", "content": "add"}, call.model_dump(exclude_none=True),
-                     {"type": "function_call_output", "call_id": call.call_id, "output": "3"}]
-        second = await client.responses.create(model="m", instructions="be brief", input=follow_up, tools=tools)
+        assert (
+            call.type == "function_call"
+            and call.call_id == "call_7"
+            and json.loads(call.arguments) == {"a": 1, "b": 2}
+        )
+        follow_up = [
+            {"role": "user", "content": "add"},
+            call.model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": call.call_id, "output": "3"},
+        ]
+        second = await client.responses.create(
+            model="m", instructions="be brief", input=follow_up, tools=tools
+        )
         assert second.output_text == "sum=3" and second.usage.output_tokens > 0
-        events = [e async for e in await client.responses.create(model="m", input="hello", stream=True)]
+        events = [
+            e async for e in await client.responses.create(model="m", input="hello", stream=True)
+        ]
         assert events[0].type == "response.created" and events[-1].type == "response.completed"
-        assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "seen 1 messages"
+        assert (
+            "".join(e.delta for e in events if e.type == "response.output_text.delta")
+            == "seen 1 messages"
+        )
         async with client.responses.stream(model="m", input="hello") as stream:
             final = await stream.get_final_response()
         assert final.output_text == "seen 1 messages"
@@ -118,25 +176,57 @@ async def test_openai_responses_plain_and_streaming(server: InterceptionServer) 
 
 async def test_anthropic_messages_plain_and_streaming(server: InterceptionServer) -> None:
     with server.session("r-anthropic") as session:
-        client = anthropic.AsyncAnthropic(base_url=session.anthropic_base_url, api_key="k", max_retries=0)
+        client = anthropic.AsyncAnthropic(
+            base_url=session.anthropic_base_url, api_key="k", max_retries=0
+        )
         tools = [{"name": "add", "description": "Add.", "input_schema": ADD_TOOL["parameters"]}]
-        first = await client.messages.create(model="claude-x", max_tokens=64, system="be brief", tools=tools,
-                                             messages=[{"role": "user", "content": "add"}])
+        first = await client.messages.create(
+            model="claude-x",
+            max_tokens=64,
+            system="be brief",
+            tools=tools,
+            messages=[{"role": "user", "content": "add"}],
+        )
         use = first.content[0]
-        assert first.stop_reason == "tool_use" and use.type == "tool_use" and use.input == {"a": 1, "b": 2}
-        second = await client.messages.create(model="claude-x", max_tokens=64, system="be brief", tools=tools, messages=[
-            {"role": "user", "content": "add"}, {"role": "assistant", "content": first.content},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "3"}]}])
+        assert (
+            first.stop_reason == "tool_use"
+            and use.type == "tool_use"
+            and use.input == {"a": 1, "b": 2}
+        )
+        second = await client.messages.create(
+            model="claude-x",
+            max_tokens=64,
+            system="be brief",
+            tools=tools,
+            messages=[
+                {"role": "user", "content": "add"},
+                {"role": "assistant", "content": first.content},
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "3"}],
+                },
+            ],
+        )
         assert second.content[0].text == "sum=3" and second.stop_reason == "end_turn"
-        async with client.messages.stream(model="claude-x", max_tokens=64,
-                                          messages=[{"role": "user", "content": "hi"}]) as stream:
+        async with client.messages.stream(
+            model="claude-x", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+        ) as stream:
             text = await stream.get_final_text()
             final = await stream.get_final_message()
         assert text == "seen 1 messages" and final.usage.output_tokens > 0
-        streamed_tool = await client.messages.create(model="claude-x", max_tokens=64, tools=tools, stream=True,
-                                                     messages=[{"role": "user", "content": "add"}])
+        streamed_tool = await client.messages.create(
+            model="claude-x",
+            max_tokens=64,
+            tools=tools,
+            stream=True,
+            messages=[{"role": "user", "content": "add"}],
+        )
         kinds = [e.type async for e in streamed_tool]
-        assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "content_block_delta" in kinds
+        assert (
+            kinds[0] == "message_start"
+            and kinds[-1] == "message_stop"
+            and "content_block_delta" in kinds
+        )
     assert [n.branch for n in session.trace.nodes[:5]] == ["main"] * 5
 
 
@@ -145,13 +235,19 @@ async def test_unknown_or_finished_rollout_is_refused(server: InterceptionServer
         url = session.base_url
     client = openai.AsyncOpenAI(base_url=url, api_key="k", max_retries=0)
     with pytest.raises(openai.AuthenticationError, match="no longer served"):
-        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
     async with httpx.AsyncClient() as http:
-        response = await http.post(f"{server.url}/r/guess/v1/messages", json={"max_tokens": 1, "messages": []})
+        response = await http.post(
+            f"{server.url}/r/guess/v1/messages", json={"max_tokens": 1, "messages": []}
+        )
     assert response.status_code == 401 and response.json()["type"] == "error"
 
 
-async def test_parallel_calls_from_one_point_get_their_own_branches(server: InterceptionServer) -> None:
+async def test_parallel_calls_from_one_point_get_their_own_branches(
+    server: InterceptionServer,
+) -> None:
     import asyncio
 
     with server.session("r-branches") as session:
@@ -194,21 +290,27 @@ async def test_train_mode_three_turns_extend_recorded_ids(tmp_path: Path) -> Non
     eos = tokenizer.eos_token_id
     turns = iter(range(100))
     # Guesses 10, 11, 12: never right, so the scripted user keeps the game going for all 3 turns.
-    scripted = ScriptedModel(tokens=lambda ids: [*str(10 + next(turns)).encode(), eos], policy_version=3)
-    env = load_environment(str(EXAMPLES / "guess_number"), {"harness": {"max_turns": 3}, "model": {"mode": "train"}})
+    scripted = ScriptedModel(
+        tokens=lambda ids: [*str(10 + next(turns)).encode(), eos], policy_version=3
+    )
+    env = load_environment(
+        str(EXAMPLES / "guess_number"), {"harness": {"max_turns": 3}, "model": {"mode": "train"}}
+    )
     task = next(iter(env.tasks("r")))
     with ScriptedServer(scripted) as token_server:
         config = ModelConfig(name="tiny", base_url=f"{token_server.url}/v1", mode="train")
-        async with InterceptionServer(TokenBackend(config, make_renderer(tokenizer, "template"))) as server:
+        async with InterceptionServer(
+            TokenBackend(config, make_renderer(tokenizer, "template"))
+        ) as server:
             out = await RolloutRunner(env, server).run(task, "group", 0, 1)
     assert out.rollout.status == "ok", out.rollout.error
     assert (out.rollout.num_turns, out.rollout.max_policy_version) == (3, 3)
     calls = [(list(tokens(r.prompt_ids)), list(tokens(r.completion_ids))) for r in out.tokens]
     assert len(calls) == 3
     for (prev_prompt, prev_completion), (prompt, _) in itertools.pairwise(calls):
-        assert prompt[:len(prev_prompt) + len(prev_completion)] == prev_prompt + prev_completion
+        assert prompt[: len(prev_prompt) + len(prev_completion)] == prev_prompt + prev_completion
     feedback = "Higher." if 11 < int(task.answer) else "Lower."
-    added = tokenizer.decode(calls[2][0][len(calls[1][0]) + len(calls[1][1]):])
+    added = tokenizer.decode(calls[2][0][len(calls[1][0]) + len(calls[1][1]) :])
     assert added == f"\n<|im_start|>user\n{feedback}<|im_end|>\n<|im_start|>assistant\n"
     # The trace alone reproduces every prompt: the ids along the path to a call's parent node.
     by_id = {n.node_id: n for n in out.nodes}
@@ -218,11 +320,15 @@ async def test_train_mode_three_turns_extend_recorded_ids(tmp_path: Path) -> Non
         while parent is not None:
             path.append(parent)
             parent = by_id.get(parent.parent_id)
-        assert [t for n in reversed(path) for t in tokens(n.token_ids)] == list(tokens(record.prompt_ids))
+        assert [t for n in reversed(path) for t in tokens(n.token_ids)] == list(
+            tokens(record.prompt_ids)
+        )
     (sample,) = trace_samples(out.nodes, out.tokens)
     full = calls[2][0] + calls[2][1]
     assert list(tokens(sample.input_ids)) == full
     sampled_positions = [i for i, m in enumerate(mask(sample.loss_mask)) if m]
     assert len(sampled_positions) == sum(len(c) for _, c in calls)
     assert [full[i] for i in sampled_positions] == [t for _, c in calls for t in c]
-    assert list(logprobs(sample.inference_logprobs)[sampled_positions]) == [-0.25] * len(sampled_positions)
+    assert list(logprobs(sample.inference_logprobs)[sampled_positions]) == [-0.25] * len(
+        sampled_positions
+    )

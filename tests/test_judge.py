@@ -49,10 +49,21 @@ class BadGroup(TaskSet):
 
 
 def rollouts(*texts: str, status: str = "ok") -> list[RolloutCompleted]:
-    return [RolloutCompleted(rollout_id=f"r{i}", group_id="g", task_id="t", env="e", sample_index=i,
-                             group_size=len(texts), answer="olleh", status=status,
-                             error="harness crashed" if status != "ok" else "",
-                             completion=[{"role": "assistant", "content": t}]) for i, t in enumerate(texts)]
+    return [
+        RolloutCompleted(
+            rollout_id=f"r{i}",
+            group_id="g",
+            task_id="t",
+            env="e",
+            sample_index=i,
+            group_size=len(texts),
+            answer="olleh",
+            status=status,
+            error="harness crashed" if status != "ok" else "",
+            completion=[{"role": "assistant", "content": t}],
+        )
+        for i, t in enumerate(texts)
+    ]
 
 
 def score(env_ref: str, items: list[RolloutCompleted], **overrides: object) -> list[RolloutScored]:
@@ -63,7 +74,10 @@ def test_a_reward_that_raises_or_times_out_errors_only_its_rollout() -> None:
     scored = score(f"{__name__}:Fragile", rollouts("ok", "boom", "slow"), reward_timeout_s=0.3)
     assert [s.status for s in scored] == ["ok", "error", "error"]
     assert scored[0].reward == 1.5 and scored[0].rewards == {"fine": 1.0, "picky": 0.5, "slow": 0.0}
-    assert scored[1].error == "reward 'picky' raised ValueError: cannot judge 'boom'" and scored[1].reward == 0.0
+    assert (
+        scored[1].error == "reward 'picky' raised ValueError: cannot judge 'boom'"
+        and scored[1].reward == 0.0
+    )
     assert scored[2].error == "reward 'slow' timed out after 0.3s"
 
 
@@ -71,7 +85,9 @@ def test_errored_rollouts_stay_errored_and_bad_group_rewards_are_reported() -> N
     (crashed,) = score(f"{__name__}:Fragile", rollouts("x", status="error"))
     assert (crashed.status, crashed.error, crashed.rewards) == ("error", "harness crashed", {})
     scored = score(f"{__name__}:BadGroup", rollouts("a", "b"))
-    assert {s.error for s in scored} == {"group_reward 'wrong_length' returned 1 scores for a group of 2 scored rollouts"}
+    assert {s.error for s in scored} == {
+        "group_reward 'wrong_length' returned 1 scores for a group of 2 scored rollouts"
+    }
 
 
 def test_conciseness_bonus_goes_to_the_shortest_correct_answer() -> None:
@@ -99,18 +115,27 @@ def test_env_producer_and_judge_over_the_bus(settings: Settings, sink: RoleProce
 
     env_tasks, size = 8, 4
     with ScriptedServer(ScriptedModel(chat=answers)) as upstream:
-        env = load_environment(str(EXAMPLES / "reverse_text"), {
-            "group_size": size, "model": {"name": "scripted", "base_url": f"{upstream.url}/v1"}})
+        env = load_environment(
+            str(EXAMPLES / "reverse_text"),
+            {"group_size": size, "model": {"name": "scripted", "base_url": f"{upstream.url}/v1"}},
+        )
         tasks = list(env.tasks(settings.run_id).take(env_tasks))
 
         async def main() -> None:
             stop = asyncio.Event()
-            workers = [asyncio.create_task(run_env_producer(settings, env, stop)),
-                       asyncio.create_task(run_judge(settings, [env], stop))]
+            workers = [
+                asyncio.create_task(run_env_producer(settings, env, stop)),
+                asyncio.create_task(run_judge(settings, [env], stop)),
+            ]
             async with Bus(settings) as bus:
                 await bus.publish_many(tasks)
-            await asyncio.to_thread(wait_for, lambda: scored_count() >= env_tasks * size, 90,
-                                    "scores in the store", processes=(sink,))
+            await asyncio.to_thread(
+                wait_for,
+                lambda: scored_count() >= env_tasks * size,
+                90,
+                "scores in the store",
+                processes=(sink,),
+            )
             stop.set()
             await asyncio.gather(*workers)
 
@@ -118,24 +143,40 @@ def test_env_producer_and_judge_over_the_bus(settings: Settings, sink: RoleProce
             if not store_served_elsewhere(settings):
                 return 0
             with open_store(settings.store.url, read_only=True) as store:
-                return int(store.query("SELECT count() FROM scored FINAL WHERE run_id = {r:String}",
-                                       {"r": settings.run_id}).rows[0][0])
+                return int(
+                    store.query(
+                        "SELECT count() FROM scored FINAL WHERE run_id = {r:String}",
+                        {"r": settings.run_id},
+                    ).rows[0][0]
+                )
 
         asyncio.run(main())
     with open_store(settings.store.url, read_only=True) as store:
         params = {"r": settings.run_id}
-        texts = {r: t for r, t in store.query(
-            "SELECT rollout_id, JSONExtractString(completion, 1, 'content') FROM rollouts FINAL "
-            "WHERE run_id = {r:String}", params).rows}
+        texts = {
+            r: t
+            for r, t in store.query(
+                "SELECT rollout_id, JSONExtractString(completion, 1, 'content') FROM rollouts FINAL "
+                "WHERE run_id = {r:String}",
+                params,
+            ).rows
+        }
         groups = store.query(
             "SELECT group_id, groupArray((rollout_id, rewards['exact'], rewards['concise'])) FROM scored FINAL "
-            "WHERE run_id = {r:String} GROUP BY group_id", params).rows
-        partitions = store.query("SELECT group_id, uniqExact(kafka_partition) FROM rollouts FINAL "
-                                 "WHERE run_id = {r:String} GROUP BY group_id", params).rows
+            "WHERE run_id = {r:String} GROUP BY group_id",
+            params,
+        ).rows
+        partitions = store.query(
+            "SELECT group_id, uniqExact(kafka_partition) FROM rollouts FINAL "
+            "WHERE run_id = {r:String} GROUP BY group_id",
+            params,
+        ).rows
         counts = store.query(
             "SELECT (SELECT count() FROM rollouts WHERE run_id = {r:String}), "
             "(SELECT count() FROM trace_nodes WHERE run_id = {r:String}), "
-            "(SELECT count() FROM tokens WHERE run_id = {r:String})", params).rows[0]
+            "(SELECT count() FROM tokens WHERE run_id = {r:String})",
+            params,
+        ).rows[0]
     assert len(groups) == env_tasks and {n for _, n in partitions} == {1}
     for _group, members in groups:
         assert len(members) == size

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from rlbus.bus.store import open_store
+from rlbus.config import Settings, load_settings
 from rlbus.consumers.orchestrator.replay import stored_samples
 from rlbus.consumers.trainer.config import TrainerConfig
 from rlbus.consumers.trainer.sft import train_sft
-
-from rlbus.config import Settings, load_settings
 from rlbus.launcher import RunConfig, run_in_process
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
@@ -36,13 +36,24 @@ async def test_grpo_raises_reward_after_sft_warm_start(settings: Settings, tmp_p
     # A short warm start (held-out exact match ~0.3) leaves RL room to show a rise quickly.
     cfg = TrainerConfig.model_validate({"optim": {"lr": 3e-3, "warmup_steps": 10}, "threads": 1})
     await asyncio.to_thread(train_sft, samples, init, sft, cfg, 90, 64)
-    run = load_settings(EXAMPLE / "rl.toml", model=RunConfig, overrides={
-        **settings.model_dump(mode="json", exclude_none=True), "run_id": "rl", "model": str(sft),
-        "max_steps": STEPS,
-        "orchestrator": {"tasks_per_step": 8, "eval_every": STEPS, "eval_tasks": 256, "seed": 0},
-        "trainer": {"checkpoint_url": str(tmp_path / "ckpt")},
-        "envs": {"reverse_text": {"path": str(EXAMPLE / "terse.toml")}},
-    })
+    run = load_settings(
+        EXAMPLE / "rl.toml",
+        model=RunConfig,
+        overrides={
+            **settings.model_dump(mode="json", exclude_none=True),
+            "run_id": "rl",
+            "model": str(sft),
+            "max_steps": STEPS,
+            "orchestrator": {
+                "tasks_per_step": 8,
+                "eval_every": STEPS,
+                "eval_tasks": 256,
+                "seed": 0,
+            },
+            "trainer": {"checkpoint_url": str(tmp_path / "ckpt")},
+            "envs": {"reverse_text": {"path": str(EXAMPLE / "terse.toml")}},
+        },
+    )
     await run_in_process(run, EXAMPLE, timeout_s=420)
     with open_store(settings.store.url, read_only=True) as store:
         held_out = {version: exact for version, exact, _, _ in recipe.held_out(store, "rl")}

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from rlbus.consumers.trainer.losses import (
     LossConfig,
     TokenTensors,
@@ -19,10 +20,18 @@ def lp(*probs: float) -> torch.Tensor:
     return torch.tensor([math.log(p) for p in probs], dtype=torch.float64)
 
 
-def tokens(policy: tuple[float, ...], inference: tuple[float, ...], advantages: tuple[float, ...],
-           teacher: tuple[float, ...] | None = None) -> TokenTensors:
-    return TokenTensors(lp(*policy).requires_grad_(), lp(*inference),
-                        torch.tensor(advantages, dtype=torch.float64), lp(*teacher) if teacher else None)
+def tokens(
+    policy: tuple[float, ...],
+    inference: tuple[float, ...],
+    advantages: tuple[float, ...],
+    teacher: tuple[float, ...] | None = None,
+) -> TokenTensors:
+    return TokenTensors(
+        lp(*policy).requires_grad_(),
+        lp(*inference),
+        torch.tensor(advantages, dtype=torch.float64),
+        lp(*teacher) if teacher else None,
+    )
 
 
 def test_rl_loss_is_importance_weighted_and_masks_outside_the_trust_region() -> None:
@@ -55,13 +64,19 @@ def test_ppo_clip_takes_the_pessimistic_side() -> None:
     assert out.loss.item() == pytest.approx(-1.28 + 0.8 - 3.0)
     assert out.metrics["clipped"].item() == 2
     out.loss.backward()
-    assert t.logprobs.grad.tolist() == pytest.approx([0.0, 0.0, -3.0])  # clipped tokens get no gradient
+    assert t.logprobs.grad.tolist() == pytest.approx(
+        [0.0, 0.0, -3.0]
+    )  # clipped tokens get no gradient
 
 
 def test_cross_entropy_is_weighted_nll() -> None:
     t = tokens((0.5, 0.25), (0.5, 0.25), (1.0, 2.0))
-    assert get_loss("cross_entropy")(t, LossConfig()).loss.item() == pytest.approx(math.log(2) + 2 * math.log(4))
-    assert supervised_loss(lp(0.5), torch.tensor([1.0], dtype=torch.float64)).item() == pytest.approx(math.log(2))
+    assert get_loss("cross_entropy")(t, LossConfig()).loss.item() == pytest.approx(
+        math.log(2) + 2 * math.log(4)
+    )
+    assert supervised_loss(
+        lp(0.5), torch.tensor([1.0], dtype=torch.float64)
+    ).item() == pytest.approx(math.log(2))
 
 
 def test_distill_gradient_is_the_reverse_kl_gradient() -> None:

@@ -35,7 +35,9 @@ def test_dropped_groups_raise_the_bounds_in_proportion() -> None:
 def test_keep_rate_has_a_floor_and_an_explicit_bound_is_hard() -> None:
     starved = observed(Pacer(tasks_per_step=16, max_off_policy_steps=2), kept=0, dropped=64)
     assert starved.keep_rate == MIN_KEEP_RATE and starved.max_inflight() == 256
-    bounded = observed(Pacer(tasks_per_step=16, max_off_policy_steps=2, max_inflight_tasks=40), kept=1, dropped=63)
+    bounded = observed(
+        Pacer(tasks_per_step=16, max_off_policy_steps=2, max_inflight_tasks=40), kept=1, dropped=63
+    )
     assert bounded.room(step=0, max_steps=100, ready=0, inflight=0, served=0) == 40
 
 
@@ -54,14 +56,28 @@ def test_spares_beyond_max_steps_are_one_step_of_expected_groups() -> None:
 
 
 def group(name: str, *versions: int) -> ReadyGroup:
-    return ReadyGroup([TrainSample(rollout_id=f"{name}{i}", input_ids=b"", loss_mask=b"", advantages=b"",
-                                   inference_logprobs=b"", policy_version=v) for i, v in enumerate(versions)],
-                      [0.0] * len(versions))
+    return ReadyGroup(
+        [
+            TrainSample(
+                rollout_id=f"{name}{i}",
+                input_ids=b"",
+                loss_mask=b"",
+                advantages=b"",
+                inference_logprobs=b"",
+                policy_version=v,
+            )
+            for i, v in enumerate(versions)
+        ],
+        [0.0] * len(versions),
+    )
 
 
 def test_a_batch_takes_the_groups_sampled_longest_ago_first() -> None:
     # Arrival order: a fresh group came back before two older ones (rollouts finish out of order).
     ready = [group("a", 7, 7), group("b", 5, 6), group("c", 6, 6), group("d", 5, 5)]
     taken, rest = take_oldest(ready, 2)
-    assert [g.samples[0].rollout_id for g in taken] == ["b0", "d0"]  # oldest first, arrival order among equals
+    assert [g.samples[0].rollout_id for g in taken] == [
+        "b0",
+        "d0",
+    ]  # oldest first, arrival order among equals
     assert [g.samples[0].rollout_id for g in rest] == ["c0", "a0"]

@@ -18,4 +18,6 @@ def test_every_package_folder_is_listed_under_the_rlbus_namespace() -> None:
         for init in (ROOT / folder).rglob("__init__.py"):
             relative = init.parent.relative_to(ROOT / folder)
             on_disk.add(".".join([name, *relative.parts]))
-    assert on_disk == listed, f"missing from pyproject: {on_disk - listed}; listed but absent: {listed - on_disk}"
+    assert on_disk == listed, (
+        f"missing from pyproject: {on_disk - listed}; listed but absent: {listed - on_disk}"
+    )

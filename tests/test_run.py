@@ -8,10 +8,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from rlbus.bus.store import open_store
-from rlbus.consumers.inference.model_init import init_model
 
+from rlbus.bus.store import open_store
 from rlbus.config import Settings, load_settings
+from rlbus.consumers.inference.model_init import init_model
 from rlbus.launcher import RunConfig, run_in_process
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
@@ -19,15 +19,33 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 
 def run_config(settings: Settings, model: Path, tmp: Path, **orchestrator: object) -> RunConfig:
     data = settings.model_dump(mode="json", exclude_none=True)
-    return load_settings(EXAMPLE / "rl.toml", model=RunConfig, overrides={
-        **data, "model": str(model), "max_steps": 4,
-        "orchestrator": {"tasks_per_step": 4, "eval_every": 2, "eval_tasks": 8, "held_out_fraction": 0.2,
-                         **orchestrator},
-        "trainer": {"checkpoint_url": str(tmp / "ckpt"), "threads": 1},
-        "envs": {"reverse_text": {"path": str(EXAMPLE / "env.toml"),
-                                  "overrides": {"group_size": 4, "max_concurrent_rollouts": 16,
-                                                "sampling": {"temperature": 1.0, "max_tokens": 10}}}},
-    })
+    return load_settings(
+        EXAMPLE / "rl.toml",
+        model=RunConfig,
+        overrides={
+            **data,
+            "model": str(model),
+            "max_steps": 4,
+            "orchestrator": {
+                "tasks_per_step": 4,
+                "eval_every": 2,
+                "eval_tasks": 8,
+                "held_out_fraction": 0.2,
+                **orchestrator,
+            },
+            "trainer": {"checkpoint_url": str(tmp / "ckpt"), "threads": 1},
+            "envs": {
+                "reverse_text": {
+                    "path": str(EXAMPLE / "env.toml"),
+                    "overrides": {
+                        "group_size": 4,
+                        "max_concurrent_rollouts": 16,
+                        "sampling": {"temperature": 1.0, "max_tokens": 10},
+                    },
+                }
+            },
+        },
+    )
 
 
 async def run_all(cfg: RunConfig) -> dict:
@@ -36,17 +54,37 @@ async def run_all(cfg: RunConfig) -> dict:
     with open_store(cfg.store.url, read_only=True) as store:
         return {
             "orch": orch,
-            "versions": [r[0] for r in store.query(
-                "SELECT version FROM weight_versions FINAL WHERE run_id = {r:String} ORDER BY version", p).rows],
-            "loaded": [r[0] for r in store.query(
-                "SELECT DISTINCT version FROM weights_loaded FINAL WHERE run_id = {r:String} ORDER BY version", p).rows],
-            "token_versions": [r[0] for r in store.query(
-                "SELECT DISTINCT policy_version FROM tokens FINAL WHERE run_id = {r:String} ORDER BY 1", p).rows],
-            "steps": store.query("SELECT step, mismatch_kl, num_samples, dropped_stale, staleness FROM train_steps "
-                                 "FINAL WHERE run_id = {r:String} ORDER BY step", p).rows,
-            "batches": store.query("SELECT step, dropped_stale, metrics['batch_groups'], metrics['mean_reward'], "
-                                   "metrics['groups'] FROM batches FINAL WHERE run_id = {r:String} ORDER BY step",
-                                   p).rows,
+            "versions": [
+                r[0]
+                for r in store.query(
+                    "SELECT version FROM weight_versions FINAL WHERE run_id = {r:String} ORDER BY version",
+                    p,
+                ).rows
+            ],
+            "loaded": [
+                r[0]
+                for r in store.query(
+                    "SELECT DISTINCT version FROM weights_loaded FINAL WHERE run_id = {r:String} ORDER BY version",
+                    p,
+                ).rows
+            ],
+            "token_versions": [
+                r[0]
+                for r in store.query(
+                    "SELECT DISTINCT policy_version FROM tokens FINAL WHERE run_id = {r:String} ORDER BY 1",
+                    p,
+                ).rows
+            ],
+            "steps": store.query(
+                "SELECT step, mismatch_kl, num_samples, dropped_stale, staleness FROM train_steps "
+                "FINAL WHERE run_id = {r:String} ORDER BY step",
+                p,
+            ).rows,
+            "batches": store.query(
+                "SELECT step, dropped_stale, metrics['batch_groups'], metrics['mean_reward'], "
+                "metrics['groups'] FROM batches FINAL WHERE run_id = {r:String} ORDER BY step",
+                p,
+            ).rows,
         }
 
 
@@ -59,20 +97,25 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async"])
-async def test_run_versions_flow_through_inference_and_rollouts(settings: Settings, tiny: Path, tmp_path: Path,
-                                                                mode: str) -> None:
+async def test_run_versions_flow_through_inference_and_rollouts(
+    settings: Settings, tiny: Path, tmp_path: Path, mode: str
+) -> None:
     out = await run_all(run_config(settings, tiny, tmp_path, mode=mode, drop_zero_signal=False))
     assert out["versions"] == [0, 1, 2, 3, 4]
     assert {2, 4} <= set(out["loaded"])  # inference served new weights (and said so)
     assert max(out["token_versions"]) >= 1  # rollouts were sampled by trained versions
     steps = out["steps"]
     assert [s[0] for s in steps] == [1, 2, 3, 4]
-    assert all(s[2] == 16 and s[3] == 0 for s in steps)  # full batches, nothing stale reached the trainer
+    assert all(
+        s[2] == 16 and s[3] == 0 for s in steps
+    )  # full batches, nothing stale reached the trainer
     # Each batch says what it is made of: 4 groups of 4, their mean reward, groups seen since the last.
     assert [b[:3] for b in out["batches"]] == [(step, 0, 4.0) for step in (1, 2, 3, 4)]
     assert all(0 <= b[3] <= 1 for b in out["batches"]) and sum(b[4] for b in out["batches"]) >= 16
     behind = [int(k) for s in steps for k in s[4]]
-    print(f"{mode}: mismatch KL per step {[f'{s[1]:.2e}' for s in steps]}; staleness {[dict(s[4]) for s in steps]}")
+    print(
+        f"{mode}: mismatch KL per step {[f'{s[1]:.2e}' for s in steps]}; staleness {[dict(s[4]) for s in steps]}"
+    )
     if mode == "sync":
         assert behind == [0, 0, 0, 0]
         assert all(s[1] < 1e-3 for s in steps)  # same fp32 weights in the engine and the trainer
@@ -83,14 +126,14 @@ async def test_run_versions_flow_through_inference_and_rollouts(settings: Settin
 
 
 @pytest.mark.slow
-async def test_restarted_orchestrator_learns_where_the_run_stands(settings: Settings, tiny: Path,
-                                                                   tmp_path: Path) -> None:
+async def test_restarted_orchestrator_learns_where_the_run_stands(
+    settings: Settings, tiny: Path, tmp_path: Path
+) -> None:
     """Stop the orchestrator while the trainer and inference wait for its next batch (sync mode,
     after step 2): a new one has missed their announcements (committed by the first), and
     learns the trained and served versions from their re-announcements, then finishes the run."""
     from rlbus.consumers.orchestrator.build import build_orchestrator
     from rlbus.consumers.orchestrator.worker import run_orchestrator
-
     from rlbus.launcher import local_roles
 
     cfg = run_config(settings, tiny, tmp_path, mode="sync", eval_every=0, drop_zero_signal=False)
@@ -110,6 +153,8 @@ async def test_restarted_orchestrator_learns_where_the_run_stands(settings: Sett
         try:
             await asyncio.wait_for(run_orchestrator(bus, second, asyncio.Event()), 240)
         except TimeoutError:
-            pytest.fail(f"the second orchestrator is stuck: step {second.step}, trained {second.trained}, served "
-                        f"{second.served}, {len(second.inflight)} groups in flight, {len(second.ready)} ready")
+            pytest.fail(
+                f"the second orchestrator is stuck: step {second.step}, trained {second.trained}, served "
+                f"{second.served}, {len(second.inflight)} groups in flight, {len(second.ready)} ready"
+            )
     assert second.start_version >= 2 and second.trained == 4 and second.served == 4

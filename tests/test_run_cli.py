@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from rlbus.bus.store import open_store
 from rlbus.consumers.inference.model_init import init_model
 
@@ -16,10 +17,28 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 
 
 def rlbus_run(tmp: Path, model: Path, *extra: str) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "rlbus", "run", str(EXAMPLE / "rl.toml"), "--model", str(model), "--run-id", "cli",
-            "--store.url", f"chdb://{tmp / 'store'}", "--claim-check.url", str(tmp / "claims"),
-            "--orchestrator.tasks-per-step", "4", "--orchestrator.eval-every", "0",
-            "--envs.reverse_text.overrides.group-size", "4", *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "rlbus",
+        "run",
+        str(EXAMPLE / "rl.toml"),
+        "--model",
+        str(model),
+        "--run-id",
+        "cli",
+        "--store.url",
+        f"chdb://{tmp / 'store'}",
+        "--claim-check.url",
+        str(tmp / "claims"),
+        "--orchestrator.tasks-per-step",
+        "4",
+        "--orchestrator.eval-every",
+        "0",
+        "--envs.reverse_text.overrides.group-size",
+        "4",
+        *extra,
+    ]
     return subprocess.run(args, capture_output=True, text=True, timeout=240, cwd=tmp, check=False)
 
 
@@ -35,7 +54,12 @@ def test_rlbus_run_stops_at_max_steps_and_resumes(tmp_path: Path) -> None:
     resumed = rlbus_run(tmp_path, model, "--max-steps", "3", "--resume")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     with open_store(f"chdb://{tmp_path / 'store'}", read_only=True) as store:
-        steps = [r[0] for r in store.query("SELECT step FROM train_steps FINAL WHERE run_id = 'cli' ORDER BY step").rows]
+        steps = [
+            r[0]
+            for r in store.query(
+                "SELECT step FROM train_steps FINAL WHERE run_id = 'cli' ORDER BY step"
+            ).rows
+        ]
     # (exit 0 also means the resumed inference served version 3: the orchestrator waits for it)
     assert steps == [1, 2, 3]
     nothing = rlbus_run(tmp_path, model, "--run-id", "other", "--resume")

@@ -14,26 +14,32 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from rlbus.bus import Bus
+from rlbus.config import Settings, settings_env
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.trainer import masks
 from rlbus.schemas import TrainBatch, TrainSample, derived_id
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 
-from rlbus.config import Settings, settings_env
-
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 # The worker commands as `rlbus worker ...` runs them, assembled here so the test does not
 # depend on which other command modules rlbus.cli registers.
-CLI = ("import typer; from rlbus.commands.run import register; app = typer.Typer(); "
-       "worker = typer.Typer(); app.add_typer(worker, name='worker'); register(app, worker); app()")
+CLI = (
+    "import typer; from rlbus.commands.run import register; app = typer.Typer(); "
+    "worker = typer.Typer(); app.add_typer(worker, name='worker'); register(app, worker); app()"
+)
 
 
 def trainer_process(settings: Settings, args: list[str], log: Path) -> subprocess.Popen:
     env = {**os.environ, **settings_env(settings), "PYTHONUNBUFFERED": "1"}
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-c", CLI, "worker", "trainer", *args], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-c", CLI, "worker", "trainer", *args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def batch(run_id: str, step: int) -> TrainBatch:
@@ -42,24 +48,51 @@ def batch(run_id: str, step: int) -> TrainBatch:
     for i in range(48):
         ids = rng.integers(0, 255, 40)
         m = np.r_[np.zeros(20), np.full(20, masks.SUPERVISED)].astype(np.uint8)
-        samples.append(TrainSample(rollout_id=f"{step}-{i}", input_ids=pack_tokens(ids), loss_mask=pack_mask(m),
-                                   advantages=pack_logprobs(m > 0), inference_logprobs=pack_logprobs(np.zeros(40))))
+        samples.append(
+            TrainSample(
+                rollout_id=f"{step}-{i}",
+                input_ids=pack_tokens(ids),
+                loss_mask=pack_mask(m),
+                advantages=pack_logprobs(m > 0),
+                inference_logprobs=pack_logprobs(np.zeros(40)),
+            )
+        )
     batch_id = derived_id(run_id, "batch", step)
-    return TrainBatch(event_id=batch_id, run_id=run_id, batch_id=batch_id, step=step, samples=samples)
+    return TrainBatch(
+        event_id=batch_id, run_id=run_id, batch_id=batch_id, step=step, samples=samples
+    )
 
 
 @pytest.mark.slow
-def test_killed_trainer_resumes_and_trains_every_batch_once(settings: Settings, tmp_path: Path) -> None:
+def test_killed_trainer_resumes_and_trains_every_batch_once(
+    settings: Settings, tmp_path: Path
+) -> None:
     model = tmp_path / "tiny"
     init_model(model, seed=0)
     steps = 12
     ckpt = tmp_path / "ckpt"
-    args = ["--config", str(EXAMPLE / "rl.toml"), "--model", str(model), "--max-steps", str(steps),
-            "--trainer.checkpoint-url", str(ckpt), "--trainer.threads", "1"]
+    args = [
+        "--config",
+        str(EXAMPLE / "rl.toml"),
+        "--model",
+        str(model),
+        "--max-steps",
+        str(steps),
+        "--trainer.checkpoint-url",
+        str(ckpt),
+        "--trainer.threads",
+        "1",
+    ]
     log = tmp_path / "trainer.log"
 
-    nothing = subprocess.run([sys.executable, "-c", CLI, "worker", "trainer", *args, "--resume"], capture_output=True,
-                             text=True, env={**os.environ, **settings_env(settings)}, timeout=120, check=False)
+    nothing = subprocess.run(
+        [sys.executable, "-c", CLI, "worker", "trainer", *args, "--resume"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **settings_env(settings)},
+        timeout=120,
+        check=False,
+    )
     assert nothing.returncode == 2 and "nothing to resume" in nothing.stderr
 
     async def publish() -> None:
@@ -77,10 +110,18 @@ def test_killed_trainer_resumes_and_trains_every_batch_once(settings: Settings, 
     first.kill()
     first.wait()
     killed_at = json.loads(latest.read_text())["step"]
-    assert killed_at < steps, "the trainer finished before it could be killed; make the batches bigger"
+    assert killed_at < steps, (
+        "the trainer finished before it could be killed; make the batches bigger"
+    )
 
-    again = subprocess.run([sys.executable, "-c", CLI, "worker", "trainer", *args], capture_output=True, text=True,
-                           env={**os.environ, **settings_env(settings)}, timeout=120, check=False)
+    again = subprocess.run(
+        [sys.executable, "-c", CLI, "worker", "trainer", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **settings_env(settings)},
+        timeout=120,
+        check=False,
+    )
     assert again.returncode == 2 and "--resume" in again.stderr  # never a silent fresh start
 
     second = trainer_process(settings, [*args, "--resume"], log)
@@ -88,5 +129,7 @@ def test_killed_trainer_resumes_and_trains_every_batch_once(settings: Settings, 
     meta_dir = ckpt / json.loads(latest.read_text())["state"]
     meta = json.loads((meta_dir / "meta.json").read_text())
     assert meta["step"] == steps
-    assert meta["batch_ids"] == [derived_id(settings.run_id, "batch", s) for s in range(1, steps + 1)]
+    assert meta["batch_ids"] == [
+        derived_id(settings.run_id, "batch", s) for s in range(1, steps + 1)
+    ]
     print(f"killed after step {killed_at}; resumed to step {meta['step']}, each batch once")

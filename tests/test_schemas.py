@@ -9,8 +9,18 @@ import numpy as np
 import pytest
 
 from rlbus.schemas import (
-    EVENT_TYPES, TOPICS, DecodeError, Event, TaskPublished, TokenRecord, decode, derived_id, encode,
-    key_of, topic_of, uuid7,
+    EVENT_TYPES,
+    TOPICS,
+    DecodeError,
+    Event,
+    TaskPublished,
+    TokenRecord,
+    decode,
+    derived_id,
+    encode,
+    key_of,
+    topic_of,
+    uuid7,
 )
 from rlbus.schemas.packed import logprobs, pack_logprobs, pack_tokens, tokens
 
@@ -18,7 +28,9 @@ from rlbus.schemas.packed import logprobs, pack_logprobs, pack_tokens, tokens
 def test_uuid7_is_version_7_and_time_ordered() -> None:
     ids = [uuid7() for _ in range(200)]
     assert all(uuid.UUID(i).version == 7 for i in ids)
-    assert [i[:13] for i in ids] == sorted(i[:13] for i in ids)  # millisecond prefix never goes back
+    assert [i[:13] for i in ids] == sorted(
+        i[:13] for i in ids
+    )  # millisecond prefix never goes back
     assert len(set(ids)) == len(ids)
 
 
@@ -97,14 +109,28 @@ def test_json_task_from_outside_client() -> None:
     assert event.prompt == [{"role": "user", "content": "hi"}]
 
 
-@pytest.mark.parametrize(("topic", "raw", "content_type", "reason"), [
-    ("tasks", b"\xc1\x00garbage", None, "undecodable msgpack"),
-    ("rollouts", msgspec.msgpack.encode({"kind": "RolloutCompleted", "rollout_id": 3}), None, "invalid 'rollouts'"),
-    ("tasks", b'{"env": "e", "prompt": "p"}', "application/json", "missing required field `task_id`"),
-    ("tasks", b"[1, 2]", "application/json", "must be an object"),
-    ("rollouts", b'{"rollout_id": "r"}', "application/json", "msgpack events only"),
-])
-def test_malformed_messages_have_readable_reasons(topic: str, raw: bytes, content_type: str | None,
-                                                  reason: str) -> None:
+@pytest.mark.parametrize(
+    ("topic", "raw", "content_type", "reason"),
+    [
+        ("tasks", b"\xc1\x00garbage", None, "undecodable msgpack"),
+        (
+            "rollouts",
+            msgspec.msgpack.encode({"kind": "RolloutCompleted", "rollout_id": 3}),
+            None,
+            "invalid 'rollouts'",
+        ),
+        (
+            "tasks",
+            b'{"env": "e", "prompt": "p"}',
+            "application/json",
+            "missing required field `task_id`",
+        ),
+        ("tasks", b"[1, 2]", "application/json", "must be an object"),
+        ("rollouts", b'{"rollout_id": "r"}', "application/json", "msgpack events only"),
+    ],
+)
+def test_malformed_messages_have_readable_reasons(
+    topic: str, raw: bytes, content_type: str | None, reason: str
+) -> None:
     with pytest.raises(DecodeError, match=reason.replace("`", ".").replace("(", r"\(")):
         decode(topic, raw, content_type)

@@ -22,7 +22,12 @@ N = 10_000
 
 def start_sink(settings: Settings, log_dir: Path) -> RoleProcess:
     sink = RoleProcess("sink", settings, log_dir)
-    wait_for(lambda: store_served_elsewhere(settings), 60, "the sink to serve the store", processes=(sink,))
+    wait_for(
+        lambda: store_served_elsewhere(settings),
+        60,
+        "the sink to serve the store",
+        processes=(sink,),
+    )
     return sink
 
 
@@ -35,18 +40,24 @@ def sink(settings: Settings, tmp_path: Path) -> Iterator[RoleProcess]:
 
 def count(settings: Settings, table: str, final: bool = True) -> int:
     with open_store(settings.store.url, read_only=True) as store:
-        sql = f"SELECT count() FROM {table}{' FINAL' if final else ''} WHERE run_id = {{run:String}}"
+        sql = (
+            f"SELECT count() FROM {table}{' FINAL' if final else ''} WHERE run_id = {{run:String}}"
+        )
         return int(store.query(sql, {"run": settings.run_id}).rows[0][0])
 
 
 async def publish(settings: Settings, events: list[Event], chunk: int = 5000) -> None:
     async with Bus(settings) as bus:
         for start in range(0, len(events), chunk):
-            await bus.publish_many(events[start:start + chunk])
+            await bus.publish_many(events[start : start + chunk])
 
 
-def test_ten_thousand_of_every_kind_land_exactly_once(settings: Settings, sink: RoleProcess) -> None:
-    expected = {kind: [make_event(kind, i, settings.run_id) for i in range(N)] for kind in EVENT_TYPES}
+def test_ten_thousand_of_every_kind_land_exactly_once(
+    settings: Settings, sink: RoleProcess
+) -> None:
+    expected = {
+        kind: [make_event(kind, i, settings.run_id) for i in range(N)] for kind in EVENT_TYPES
+    }
     everything = [e for events in expected.values() for e in events]
     # At-least-once producers resend: a tenth of each kind again, as a producer retry would.
     resent = [e for events in expected.values() for e in events[: N // 10]]
@@ -59,22 +70,36 @@ def test_ten_thousand_of_every_kind_land_exactly_once(settings: Settings, sink: 
     with open_store(settings.store.url, read_only=True) as store:
         assert store.via is not None  # read through the sink's endpoint, not a second engine
         for kind, events in expected.items():
-            stored = store.read_events(kind, where="run_id = {run:String}", parameters={"run": settings.run_id})
+            stored = store.read_events(
+                kind, where="run_id = {run:String}", parameters={"run": settings.run_id}
+            )
             assert len(stored) == N, kind.__name__
             by_id = {e.event_id: e for e in stored}
             mismatched = [e.event_id for e in events if by_id.get(e.event_id) != e]
-            assert not mismatched, f"{kind.__name__}: {len(mismatched)} differ, e.g. {by_id.get(mismatched[0])!r}"
+            assert not mismatched, (
+                f"{kind.__name__}: {len(mismatched)} differ, e.g. {by_id.get(mismatched[0])!r}"
+            )
 
 
-def test_sink_killed_mid_stream_loses_and_duplicates_nothing(settings: Settings, tmp_path: Path) -> None:
+def test_sink_killed_mid_stream_loses_and_duplicates_nothing(
+    settings: Settings, tmp_path: Path
+) -> None:
     total = 60_000
-    small_batches = settings.model_copy(update={"store": settings.store.model_copy(
-        update={"batch_rows": 500, "flush_interval_s": 0.05})})
+    small_batches = settings.model_copy(
+        update={
+            "store": settings.store.model_copy(update={"batch_rows": 500, "flush_interval_s": 0.05})
+        }
+    )
     events = [make_event(TokenRecord, i, settings.run_id) for i in range(total)]
     asyncio.run(publish(settings, events))
     first = start_sink(small_batches, tmp_path / "logs")
-    wait_for(lambda: count(settings, "tokens", final=False) > 2_000, 120, "the sink to make progress",
-             interval_s=0.05, processes=(first,))
+    wait_for(
+        lambda: count(settings, "tokens", final=False) > 2_000,
+        120,
+        "the sink to make progress",
+        interval_s=0.05,
+        processes=(first,),
+    )
     first.kill()
     # Restart before looking: reading an unheld directory would open it in this process and
     # lock the new sink out (chdb admits one process per directory).
@@ -82,14 +107,24 @@ def test_sink_killed_mid_stream_loses_and_duplicates_nothing(settings: Settings,
     try:
         at_restart = count(settings, "tokens", final=False)
         assert at_restart < total, "the sink finished before it was killed: nothing was tested"
-        wait_for(lambda: count(settings, "tokens") >= total, 180, "all tokens after the restart",
-                 processes=(second,))
+        wait_for(
+            lambda: count(settings, "tokens") >= total,
+            180,
+            "all tokens after the restart",
+            processes=(second,),
+        )
         with open_store(settings.store.url, read_only=True) as store:
             final_rows, distinct = store.query(
                 "SELECT count(), uniqExact(event_id) FROM tokens FINAL WHERE run_id = {run:String}",
-                {"run": settings.run_id}).rows[0]
-            stored_ids = {row[0] for row in store.query(
-                "SELECT event_id FROM tokens FINAL WHERE run_id = {run:String}", {"run": settings.run_id}).rows}
+                {"run": settings.run_id},
+            ).rows[0]
+            stored_ids = {
+                row[0]
+                for row in store.query(
+                    "SELECT event_id FROM tokens FINAL WHERE run_id = {run:String}",
+                    {"run": settings.run_id},
+                ).rows
+            }
     finally:
         second.stop()
     assert (final_rows, distinct) == (total, total)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.trainer import masks
 from rlbus.consumers.trainer.batching import collate, pack
@@ -28,13 +29,25 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def sample(ids: list[int], sampled_from: int, code: int = masks.POLICY, advantage: float = 1.0,
-           lps: list[float] | None = None, version: int = 0, rollout: str = "r") -> TrainSample:
+def sample(
+    ids: list[int],
+    sampled_from: int,
+    code: int = masks.POLICY,
+    advantage: float = 1.0,
+    lps: list[float] | None = None,
+    version: int = 0,
+    rollout: str = "r",
+) -> TrainSample:
     n = len(ids)
     m = np.array([0] * sampled_from + [code] * (n - sampled_from), dtype=np.uint8)
-    return TrainSample(rollout_id=rollout, input_ids=pack_tokens(ids), loss_mask=pack_mask(m),
-                       advantages=pack_logprobs((m > 0) * advantage),
-                       inference_logprobs=pack_logprobs(lps if lps is not None else [0.0] * n), policy_version=version)
+    return TrainSample(
+        rollout_id=rollout,
+        input_ids=pack_tokens(ids),
+        loss_mask=pack_mask(m),
+        advantages=pack_logprobs((m > 0) * advantage),
+        inference_logprobs=pack_logprobs(lps if lps is not None else [0.0] * n),
+        policy_version=version,
+    )
 
 
 def test_pack_bounds_padded_tokens_and_keeps_every_sample() -> None:
@@ -56,22 +69,35 @@ def test_staleness_drops_and_counts() -> None:
 
 
 def test_collate_refuses_misaligned_samples() -> None:
-    bad = TrainSample(rollout_id="x", input_ids=pack_tokens([1, 2, 3]), loss_mask=pack_mask([0, 1]),
-                      advantages=pack_logprobs([0, 1, 1]), inference_logprobs=pack_logprobs([0, 0, 0]))
+    bad = TrainSample(
+        rollout_id="x",
+        input_ids=pack_tokens([1, 2, 3]),
+        loss_mask=pack_mask([0, 1]),
+        advantages=pack_logprobs([0, 1, 1]),
+        inference_logprobs=pack_logprobs([0, 0, 0]),
+    )
     with pytest.raises(ValueError, match="rollout x: 3 input ids"):
         collate([bad])
 
 
 def test_lr_schedule() -> None:
     cfg = OptimConfig(warmup_steps=3, schedule="linear", min_lr_ratio=0.1)
-    assert [round(lr_factor(s, cfg, 13), 3) for s in (0, 2, 3, 8, 13)] == [0.25, 0.75, 1.0, 0.55, 0.1]
+    assert [round(lr_factor(s, cfg, 13), 3) for s in (0, 2, 3, 8, 13)] == [
+        0.25,
+        0.75,
+        1.0,
+        0.55,
+        0.1,
+    ]
     assert lr_factor(100, OptimConfig(), 10) == 1.0
 
 
 def test_sft_steps_learn_and_inference_logprobs_match(tiny: Path) -> None:
     torch.manual_seed(0)
     model = load_policy(tiny, LoraConfig())
-    trainer = Trainer(model, TrainerConfig(optim=OptimConfig(lr=3e-3), micro_batch_tokens=32), total_steps=20)
+    trainer = Trainer(
+        model, TrainerConfig(optim=OptimConfig(lr=3e-3), micro_batch_tokens=32), total_steps=20
+    )
     seqs = [[10, 11, 12, 13, 14, 15, 16, 17], [20, 21, 22, 23, 24], [30, 31, 32, 33, 34, 35]]
     batch = [sample(s, 2, code=masks.SUPERVISED) for s in seqs]
     losses = [trainer.step(batch).loss for _ in range(15)]
@@ -114,7 +140,10 @@ def test_checkpoint_resume_rules_and_round_trip(tiny: Path, tmp_path: Path) -> N
     assert r.state.step == 1 and r.state.batch_ids == ["b1"]
     for k, v in s.hooks.weights().items():
         assert torch.equal(v, r.hooks.weights()[k])
-    assert r.trainer.optimizer.state_dict()["state"].keys() == s.trainer.optimizer.state_dict()["state"].keys()
+    assert (
+        r.trainer.optimizer.state_dict()["state"].keys()
+        == s.trainer.optimizer.state_dict()["state"].keys()
+    )
     assert r.checkpoints.has_weights(1)
 
 
@@ -130,7 +159,8 @@ class RecordingBus:
 
 
 async def test_trainer_worker_never_trains_stale_samples_counts_them_and_skips_retrained_batches(
-        tiny: Path, tmp_path: Path) -> None:
+    tiny: Path, tmp_path: Path
+) -> None:
     import asyncio
 
     from rlbus.bus import Delivery
@@ -146,15 +176,24 @@ async def test_trainer_worker_never_trains_stale_samples_counts_them_and_skips_r
         return session.trainer.step(samples, version)
 
     bus = RecordingBus()
-    worker = TrainerWorker(bus, step, session.checkpoints, session.state, session.hooks, "run", 2, 10,
-                           asyncio.Event())
+    worker = TrainerWorker(
+        bus, step, session.checkpoints, session.state, session.hooks, "run", 2, 10, asyncio.Event()
+    )
     samples = [sample([1, 2, 3, 4], 1, version=v, rollout=f"v{v}") for v in (5, 4, 3, 2, 1)]
-    batch = TrainBatch(run_id="run", batch_id="b6", step=6, samples=samples, dropped_stale=3)  # 3 by the orchestrator
+    batch = TrainBatch(
+        run_id="run", batch_id="b6", step=6, samples=samples, dropped_stale=3
+    )  # 3 by the orchestrator
     await worker.handle([Delivery(batch, "batches", 0, 0)])
     await worker.handle([Delivery(batch, "batches", 0, 0)])  # redelivered: not trained again
     assert seen == [[5, 4, 3]]
     (train_step,) = [e for e in bus.events if isinstance(e, TrainStep)]
-    assert train_step.dropped_stale == 3 + 2 and train_step.staleness == {"0": 1, "1": 1, "2": 1, "3": 1, "4": 1}
+    assert train_step.dropped_stale == 3 + 2 and train_step.staleness == {
+        "0": 1,
+        "1": 1,
+        "2": 1,
+        "3": 1,
+        "4": 1,
+    }
     versions = [e for e in bus.events if isinstance(e, WeightVersion)]
     assert [v.version for v in versions] == [6, 6] and versions[0].event_id == versions[1].event_id
     assert session.checkpoints.latest_step() == 6

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
 from rlbus.bus import free_port
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.trainer import masks
@@ -26,17 +27,26 @@ def batch() -> list[TrainSample]:
     out = []
     for i in range(6):
         n = int(rng.integers(8, 20))
-        m = np.r_[np.zeros(4), np.full(n - 4, masks.POLICY if i % 2 else masks.SUPERVISED)].astype(np.uint8)
-        out.append(TrainSample(rollout_id=str(i), input_ids=pack_tokens(rng.integers(0, 255, n)),
-                               loss_mask=pack_mask(m), advantages=pack_logprobs((m > 0) * rng.normal()),
-                               inference_logprobs=pack_logprobs(-rng.random(n))))
+        m = np.r_[np.zeros(4), np.full(n - 4, masks.POLICY if i % 2 else masks.SUPERVISED)].astype(
+            np.uint8
+        )
+        out.append(
+            TrainSample(
+                rollout_id=str(i),
+                input_ids=pack_tokens(rng.integers(0, 255, n)),
+                loss_mask=pack_mask(m),
+                advantages=pack_logprobs((m > 0) * rng.normal()),
+                inference_logprobs=pack_logprobs(-rng.random(n)),
+            )
+        )
     return out
 
 
 def cfg(parallel: str) -> TrainerConfig:
     # micro_batch_tokens small enough that the 6 samples split over several micro-batches
-    return TrainerConfig.model_validate({"parallel": parallel, "micro_batch_tokens": 40, "threads": 1,
-                                         "optim": {"lr": 1e-2}})
+    return TrainerConfig.model_validate(
+        {"parallel": parallel, "micro_batch_tokens": 40, "threads": 1, "optim": {"lr": 1e-2}}
+    )
 
 
 def worker(rank: int, port: int, model: str, out: str) -> None:
@@ -48,7 +58,10 @@ def worker(rank: int, port: int, model: str, out: str) -> None:
         weights = session.hooks.weights()
         state = session.hooks.state()
         if rank == 0:
-            torch.save({"loss": result.loss, "grad_norm": result.grad_norm, "weights": weights}, f"{out}/fsdp.pt")
+            torch.save(
+                {"loss": result.loss, "grad_norm": result.grad_norm, "weights": weights},
+                f"{out}/fsdp.pt",
+            )
             session.state.step = 1
             session.checkpoints.save(session.state, state)
     finally:

@@ -177,7 +177,9 @@ class Store:
         columns = ", ".join(map(quote, arrow_block.column_names))
         token = dedup_token.replace("\\", "\\\\").replace("'", "\\'")
         settings = f" SETTINGS insert_deduplication_token = '{token}'" if dedup_token else ""
-        conn.query(f"INSERT INTO {quote(name)} ({columns}){settings} SELECT * FROM Python(arrow_block)")
+        conn.query(
+            f"INSERT INTO {quote(name)} ({columns}){settings} SELECT * FROM Python(arrow_block)"
+        )
 
     def read_events(
         self,

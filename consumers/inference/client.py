@@ -43,14 +43,24 @@ class InferenceClient:
         self._session: aiohttp.ClientSession | None = None
 
     async def generate(self, prompt_ids: list[int], sampling: dict[str, Any]) -> Generated:
-        return await self._post("/generate", {"prompt_ids": prompt_ids, "sampling": sampling}, Generated)
+        return await self._post(
+            "/generate", {"prompt_ids": prompt_ids, "sampling": sampling}, Generated
+        )
 
-    async def score(self, prompt_ids: list[int], completion_ids: list[int], temperature: float) -> list[float]:
+    async def score(
+        self, prompt_ids: list[int], completion_ids: list[int], temperature: float
+    ) -> list[float]:
         """Log-probs of `completion_ids` after `prompt_ids`, one per completion token."""
-        body = {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "temperature": temperature}
+        body = {
+            "prompt_ids": prompt_ids,
+            "completion_ids": completion_ids,
+            "temperature": temperature,
+        }
         scored = (await self._post("/score", body, _Scored)).logprobs
         if len(scored) != len(completion_ids):
-            raise InferenceError(f"{self.base_url}/score scored {len(scored)} of {len(completion_ids)} tokens")
+            raise InferenceError(
+                f"{self.base_url}/score scored {len(scored)} of {len(completion_ids)} tokens"
+            )
         return scored
 
     async def _post(self, path: str, body: dict[str, Any], into: type[T]) -> T:
@@ -58,17 +68,22 @@ class InferenceClient:
             # Made on first use, inside the event loop that will use it (aiohttp binds to it).
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                connector=aiohttp.TCPConnector(limit=0))  # concurrency is bounded by the callers
+                connector=aiohttp.TCPConnector(limit=0),
+            )  # concurrency is bounded by the callers
         url = self.base_url + path
         try:
-            async with self._session.post(url, data=msgspec.json.encode(body),
-                                          headers={"content-type": "application/json"}) as response:
+            async with self._session.post(
+                url, data=msgspec.json.encode(body), headers={"content-type": "application/json"}
+            ) as response:
                 content = await response.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise InferenceError(f"inference {url} unreachable: {exc!r}") from exc
         if response.status != 200:
-            raise InferenceError(f"inference {url} answered {response.status}: "
-                                 f"{content[:500].decode(errors='replace')}", response.status)
+            raise InferenceError(
+                f"inference {url} answered {response.status}: "
+                f"{content[:500].decode(errors='replace')}",
+                response.status,
+            )
         return msgspec.json.decode(content, type=into)
 
     async def close(self) -> None:

@@ -12,7 +12,6 @@ from rlbus.consumers.inference.renderer import make_renderer
 from rlbus.consumers.inference.server import create_app
 
 
-
 def build_backend(
     model_path: str | Path,
     backend: BackendKind = "hf",

@@ -45,7 +45,9 @@ async def follow_weights(
 
     announcing = asyncio.create_task(bus.keep_announcing(lambda: served, stop))
     try:
-        await bus.consume(f"inference-{follower.worker_id}", ["weights"], on_batch=on_batch, stop=stop)
+        await bus.consume(
+            f"inference-{follower.worker_id}", ["weights"], on_batch=on_batch, stop=stop
+        )
     finally:
         announcing.cancel()
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from rlbus.producers.env.loader import Environment
 from rlbus.producers.env.rules import Rule
-from rlbus.schemas.messages import text_of
 from rlbus.schemas import Event, RolloutCompleted, RolloutScored, TaskPublished, derived_id
 from rlbus.schemas.events import RolloutEvent
+from rlbus.schemas.messages import text_of
 
 IDENTITY = tuple(f for f in RolloutEvent.__struct_fields__ if f not in Event.__struct_fields__)
 """The fields placing an event in its rollout, group and task: a score carries its rollout's."""
@@ -24,17 +24,35 @@ class RuleFailed(Exception):
 
 
 def _final_text(completion: list[dict[str, Any]]) -> str:
-    return next((text_of(m.get("content")) for m in reversed(completion) if m.get("role") == "assistant"), "")
+    return next(
+        (text_of(m.get("content")) for m in reversed(completion) if m.get("role") == "assistant"),
+        "",
+    )
 
 
 def rollout_arguments(rollout: RolloutCompleted) -> dict[str, Any]:
     """What a reward or metric may ask for by name (see rules.ROLLOUT_ARGS)."""
     info = {k: v for k, v in rollout.info.items() if k != "state"}
-    task = TaskPublished(event_id=rollout.task_id, run_id=rollout.run_id, task_id=rollout.task_id, env=rollout.env,
-                         prompt=rollout.prompt, answer=rollout.answer, info=info, group_size=rollout.group_size)
-    return {"task": task, "prompt": rollout.prompt, "completion": rollout.completion,
-            "text": _final_text(rollout.completion), "answer": rollout.answer, "info": info,
-            "state": rollout.info.get("state", {}), "rollout": rollout}
+    task = TaskPublished(
+        event_id=rollout.task_id,
+        run_id=rollout.run_id,
+        task_id=rollout.task_id,
+        env=rollout.env,
+        prompt=rollout.prompt,
+        answer=rollout.answer,
+        info=info,
+        group_size=rollout.group_size,
+    )
+    return {
+        "task": task,
+        "prompt": rollout.prompt,
+        "completion": rollout.completion,
+        "text": _final_text(rollout.completion),
+        "answer": rollout.answer,
+        "info": info,
+        "state": rollout.info.get("state", {}),
+        "rollout": rollout,
+    }
 
 
 @dataclass
@@ -64,9 +82,13 @@ class Scorer:
             async with asyncio.timeout(self.timeout_s):
                 return await rule(args)
         except TimeoutError as exc:
-            raise RuleFailed(f"{rule.kind} {rule.name!r} timed out after {self.timeout_s:g}s") from exc
-        except Exception as exc:  # noqa: BLE001 - a user's rule failing is reported, not fatal
-            raise RuleFailed(f"{rule.kind} {rule.name!r} raised {type(exc).__name__}: {exc}") from exc
+            raise RuleFailed(
+                f"{rule.kind} {rule.name!r} timed out after {self.timeout_s:g}s"
+            ) from exc
+        except Exception as exc:
+            raise RuleFailed(
+                f"{rule.kind} {rule.name!r} raised {type(exc).__name__}: {exc}"
+            ) from exc
 
     async def _score_one(self, card: _Card) -> None:
         for rule in (*self.rules.rewards, *self.rules.metrics):
@@ -83,17 +105,24 @@ class Scorer:
             return
         first = ok[0].args
         group_args = {
-            "task": first["task"], "prompt": first["prompt"], "answer": first["answer"], "info": first["info"],
-            "group": [c.rollout for c in ok], "completions": [c.args["completion"] for c in ok],
-            "texts": [c.args["text"] for c in ok], "states": [c.args["state"] for c in ok],
+            "task": first["task"],
+            "prompt": first["prompt"],
+            "answer": first["answer"],
+            "info": first["info"],
+            "group": [c.rollout for c in ok],
+            "completions": [c.args["completion"] for c in ok],
+            "texts": [c.args["text"] for c in ok],
+            "states": [c.args["state"] for c in ok],
             "rewards": [dict(c.rewards) for c in ok],
         }
         for rule in self.rules.group_rewards:
             try:
                 values = [float(v) for v in await self._apply(rule, group_args)]
                 if len(values) != len(ok):
-                    raise RuleFailed(f"group_reward {rule.name!r} returned {len(values)} scores for a group of "
-                                     f"{len(ok)} scored rollouts")
+                    raise RuleFailed(
+                        f"group_reward {rule.name!r} returned {len(values)} scores for a group of "
+                        f"{len(ok)} scored rollouts"
+                    )
             except (RuleFailed, TypeError, ValueError) as exc:
                 for card in ok:
                     card.error = card.error or str(exc)
@@ -104,8 +133,12 @@ class Scorer:
     async def score(self, rollouts: Sequence[RolloutCompleted]) -> list[RolloutScored]:
         """Score rollouts of one group (all of it when the task set has group rewards)."""
         ordered = sorted(rollouts, key=lambda r: r.sample_index)
-        cards = [_Card(r, rollout_arguments(r), error=r.error or f"rollout {r.status}") if r.status != "ok"
-                 else _Card(r, rollout_arguments(r)) for r in ordered]
+        cards = [
+            _Card(r, rollout_arguments(r), error=r.error or f"rollout {r.status}")
+            if r.status != "ok"
+            else _Card(r, rollout_arguments(r))
+            for r in ordered
+        ]
         await asyncio.gather(*(self._score_one(c) for c in cards if not c.error))
         if self.needs_group:
             await self._score_group(cards)
@@ -114,7 +147,16 @@ class Scorer:
     def _event(self, card: _Card) -> RolloutScored:
         r = card.rollout
         return RolloutScored(
-            event_id=derived_id(r.rollout_id, "scored"), run_id=r.run_id, **{f: getattr(r, f) for f in IDENTITY},
-            reward=0.0 if card.error else sum(self.weights.get(k, 1.0) * v for k, v in card.rewards.items()),
-            rewards=card.rewards, metrics=card.metrics, status="error" if card.error else "ok", error=card.error,
-            policy_version=r.max_policy_version, completion_tokens=r.completion_tokens)
+            event_id=derived_id(r.rollout_id, "scored"),
+            run_id=r.run_id,
+            **{f: getattr(r, f) for f in IDENTITY},
+            reward=0.0
+            if card.error
+            else sum(self.weights.get(k, 1.0) * v for k, v in card.rewards.items()),
+            rewards=card.rewards,
+            metrics=card.metrics,
+            status="error" if card.error else "ok",
+            error=card.error,
+            policy_version=r.max_policy_version,
+            completion_tokens=r.completion_tokens,
+        )

@@ -47,11 +47,16 @@ class Judge:
         ready: list[list[Delivery]] = []
         for delivery in deliveries:
             event = delivery.event
-            if (isinstance(event, RolloutCompleted) and event.env in self.scorers
-                    and (group := self._ready(delivery, event)) is not None):
+            if (
+                isinstance(event, RolloutCompleted)
+                and event.env in self.scorers
+                and (group := self._ready(delivery, event)) is not None
+            ):
                 ready.append(group)
         rollouts = [[cast(RolloutCompleted, d.event) for d in group] for group in ready]
-        results = await asyncio.gather(*(self.scorers[group[0].env].score(group) for group in rollouts))
+        results = await asyncio.gather(
+            *(self.scorers[group[0].env].score(group) for group in rollouts)
+        )
         events = [e for scored in results for e in scored]
         if events:
             await self.bus.publish_many(events)

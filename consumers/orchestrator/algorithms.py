@@ -17,11 +17,11 @@ from typing import Protocol
 import msgspec
 import numpy as np
 from pydantic import Field
+
+from rlbus.config import Section
 from rlbus.consumers.trainer import masks
 from rlbus.schemas import RolloutCompleted, RolloutScored, TrainSample
 from rlbus.schemas.packed import logprobs, mask, pack_logprobs, pack_mask, tokens
-
-from rlbus.config import Section
 
 
 class AlgorithmConfig(Section):
@@ -51,7 +51,9 @@ class Scored:
 
 
 class TokenScorer(Protocol):
-    async def score(self, prompt_ids: list[int], completion_ids: list[int], temperature: float) -> list[float]: ...
+    async def score(
+        self, prompt_ids: list[int], completion_ids: list[int], temperature: float
+    ) -> list[float]: ...
 
     async def close(self) -> None: ...
 
@@ -93,7 +95,9 @@ def make_algorithm(cfg: AlgorithmConfig, ctx: Context | None = None) -> Algorith
     return ALGORITHMS[cfg.name](cfg, ctx or Context())
 
 
-def group_advantages(rewards: Sequence[float], lengths: Sequence[int], cfg: AlgorithmConfig) -> np.ndarray:
+def group_advantages(
+    rewards: Sequence[float], lengths: Sequence[int], cfg: AlgorithmConfig
+) -> np.ndarray:
     """Reward minus the group mean (after optional length shaping), optionally over the std."""
     r = np.asarray(rewards, dtype=np.float64)
     if cfg.length_penalty and len(lengths):
@@ -105,9 +109,12 @@ def group_advantages(rewards: Sequence[float], lengths: Sequence[int], cfg: Algo
     return adv
 
 
-def with_tokens(sample: TrainSample, codes: np.ndarray, advantages: np.ndarray, **changes: object) -> TrainSample:
-    return msgspec.structs.replace(sample, loss_mask=pack_mask(codes), advantages=pack_logprobs(advantages),
-                                   **changes)
+def with_tokens(
+    sample: TrainSample, codes: np.ndarray, advantages: np.ndarray, **changes: object
+) -> TrainSample:
+    return msgspec.structs.replace(
+        sample, loss_mask=pack_mask(codes), advantages=pack_logprobs(advantages), **changes
+    )
 
 
 def _ok(group: Sequence[Scored]) -> list[Scored]:
@@ -120,13 +127,20 @@ class GRPO(Algorithm):
 
     async def samples(self, group: Sequence[Scored]) -> list[TrainSample]:
         ok = _ok(group)
-        adv = group_advantages([s.scored.reward for s in ok], [s.scored.completion_tokens for s in ok], self.cfg)
+        adv = group_advantages(
+            [s.scored.reward for s in ok], [s.scored.completion_tokens for s in ok], self.cfg
+        )
         out = []
         for member, a in zip(ok, adv, strict=True):
             for sample in member.samples:
                 sampled = mask(sample.loss_mask) > 0
-                out.append(with_tokens(sample, sampled.astype(np.uint8) * masks.POLICY,
-                                       sampled.astype(np.float32) * np.float32(a)))
+                out.append(
+                    with_tokens(
+                        sample,
+                        sampled.astype(np.uint8) * masks.POLICY,
+                        sampled.astype(np.float32) * np.float32(a),
+                    )
+                )
         return out
 
 
@@ -139,8 +153,13 @@ class SFT(Algorithm):
         for member in _ok(group):
             for sample in member.samples:
                 sampled = mask(sample.loss_mask) > 0
-                out.append(with_tokens(sample, sampled.astype(np.uint8) * masks.SUPERVISED,
-                                       sampled.astype(np.float32)))
+                out.append(
+                    with_tokens(
+                        sample,
+                        sampled.astype(np.uint8) * masks.SUPERVISED,
+                        sampled.astype(np.float32),
+                    )
+                )
         return out
 
 
@@ -157,14 +176,16 @@ class Echo(Algorithm):
             sampled = np.flatnonzero(codes == masks.POLICY)
             if len(sampled):
                 world = np.zeros(len(codes), dtype=bool)
-                world[sampled[0]:] = codes[sampled[0]:] == masks.IGNORE
+                world[sampled[0] :] = codes[sampled[0] :] == masks.IGNORE
                 codes[world] = masks.SUPERVISED
                 adv[world] = self.cfg.echo_weight
             out.append(with_tokens(sample, codes, adv))
         return out
 
 
-async def _teacher_logprobs(scorer: TokenScorer, sample: TrainSample, prefix: list[int]) -> np.ndarray:
+async def _teacher_logprobs(
+    scorer: TokenScorer, sample: TrainSample, prefix: list[int]
+) -> np.ndarray:
     """Teacher log-probs aligned with the sample's ids (0 before the first sampled token)."""
     ids = tokens(sample.input_ids)
     sampled = np.flatnonzero(mask(sample.loss_mask))
@@ -172,7 +193,9 @@ async def _teacher_logprobs(scorer: TokenScorer, sample: TrainSample, prefix: li
     if not len(sampled):
         return out
     start = int(sampled[0])
-    scored = await scorer.score([*prefix, *ids[:start].tolist()], ids[start:].tolist(), sample.temperature or 1.0)
+    scored = await scorer.score(
+        [*prefix, *ids[:start].tolist()], ids[start:].tolist(), sample.temperature or 1.0
+    )
     out[start:] = scored
     return out
 
@@ -195,9 +218,17 @@ class _Distill(Algorithm):
             for sample in member.samples:
                 teacher = await _teacher_logprobs(scorer, sample, self.prefix(member))
                 sampled = mask(sample.loss_mask) > 0
-                adv = np.where(sampled, teacher - logprobs(sample.inference_logprobs), 0).astype(np.float32)
-                out.append(with_tokens(sample, sampled.astype(np.uint8) * masks.POLICY, adv,
-                                       teacher_logprobs=pack_logprobs(teacher)))
+                adv = np.where(sampled, teacher - logprobs(sample.inference_logprobs), 0).astype(
+                    np.float32
+                )
+                out.append(
+                    with_tokens(
+                        sample,
+                        sampled.astype(np.uint8) * masks.POLICY,
+                        adv,
+                        teacher_logprobs=pack_logprobs(teacher),
+                    )
+                )
         return out
 
 
@@ -212,5 +243,7 @@ class SelfDistill(_Distill):
 
     def prefix(self, member: Scored) -> list[int]:
         if self.ctx.encode is None:
-            raise ValueError("algorithm 'self-distill' needs the policy's tokenizer to encode its hint")
+            raise ValueError(
+                "algorithm 'self-distill' needs the policy's tokenizer to encode its hint"
+            )
         return self.ctx.encode(self.cfg.hint.format(answer=member.rollout.answer))

@@ -46,13 +46,20 @@ def build_orchestrator(bus: Bus, cfg: RunConfig, base_dir: Path) -> Orchestrator
         if algo.name in NEEDS_TEACHER:
             url = algo.teacher_url or (cfg.inference.url if algo.name == "self-distill" else "")
             if not url:
-                raise ValueError(f"envs.{name}: algorithm {algo.name!r} needs algorithm.teacher_url")
+                raise ValueError(
+                    f"envs.{name}: algorithm {algo.name!r} needs algorithm.teacher_url"
+                )
             teacher = InferenceClient(url)
-        ctx = Context(teacher=teacher,
-                      encode=lambda text: encode().encode(text, add_special_tokens=False))  # type: ignore[attr-defined]
+        ctx = Context(
+            teacher=teacher, encode=lambda text: encode().encode(text, add_special_tokens=False)
+        )  # type: ignore[attr-defined]
         algorithms[name] = make_algorithm(algo, ctx)
     o = cfg.orchestrator
-    tasks = TaskSource([Source(envs[n], e.weight) for n, e in cfg.envs.items()], cfg.run_id, o.held_out_fraction,
-                       o.seed)
+    tasks = TaskSource(
+        [Source(envs[n], e.weight) for n, e in cfg.envs.items()],
+        cfg.run_id,
+        o.held_out_fraction,
+        o.seed,
+    )
     joiner = Joiner(cfg.run_id, set(envs), lambda env: envs[env].config.sampling.temperature or 1.0)
     return Orchestrator(bus, o, cfg.run_id, cfg.max_steps, tasks, algorithms, joiner)

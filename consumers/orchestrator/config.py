@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import Field
-from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig
 
 from rlbus.config import Section
+from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig
 
 
 class EnvEntry(Section):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
+
 from rlbus.consumers.orchestrator.algorithms import Scored
 from rlbus.producers.interception import TraceError, trace_samples
 from rlbus.schemas import Event, RolloutCompleted, RolloutScored, TokenRecord, TraceNode

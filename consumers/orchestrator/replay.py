@@ -31,7 +31,9 @@ async def stored_samples(store: Store, where: str, run_id: str | None = None) ->
     """SFT samples of the matching rollouts: one per trace branch, supervised on sampled tokens."""
     scored = selected_rollouts(store, where, run_id)
     if not scored:
-        raise ReplayError(f"no scored rollout matches {where!r}{f' in run {run_id}' if run_id else ''}")
+        raise ReplayError(
+            f"no scored rollout matches {where!r}{f' in run {run_id}' if run_id else ''}"
+        )
     ids = [s.rollout_id for s in scored]
     params = {"ids": ids}
     nodes: dict[str, list[TraceNode]] = defaultdict(list)
@@ -42,14 +44,18 @@ async def stored_samples(store: Store, where: str, run_id: str | None = None) ->
         records[r.rollout_id].append(r)
     missing = [i for i in ids if not records.get(i)]
     if len(missing) == len(ids):
-        raise ReplayError(f"{len(ids)} rollouts match but none has token records: they were not sampled in "
-                          "train mode (token ids are only known for rollouts run through the inference server)")
+        raise ReplayError(
+            f"{len(ids)} rollouts match but none has token records: they were not sampled in "
+            "train mode (token ids are only known for rollouts run through the inference server)"
+        )
     algo = make_algorithm(AlgorithmConfig(name="sft"))
     out: list[TrainSample] = []
     for s in scored:
         if s.rollout_id in missing:
             continue
         samples = trace_samples(nodes[s.rollout_id], records[s.rollout_id])
-        rollout = RolloutCompleted(rollout_id=s.rollout_id, group_id=s.group_id, task_id=s.task_id, env=s.env)
+        rollout = RolloutCompleted(
+            rollout_id=s.rollout_id, group_id=s.group_id, task_id=s.task_id, env=s.env
+        )
         out.extend(await algo.samples([Scored(s, rollout, samples)]))
     return out

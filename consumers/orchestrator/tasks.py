@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import msgspec
+
 from rlbus.producers.env import Environment
 from rlbus.schemas import TaskPublished, derived_id, uuid7
 
@@ -53,8 +54,11 @@ class TaskSource:
         self.started = uuid7()
 
     def _epoch(self, env: Environment, epoch: int) -> Iterator[TaskPublished]:
-        return iter(env.tasks(self.run_id).select(lambda t: not held_out(t.task_id, self.fraction))
-                    .shuffle(self.seed + epoch))
+        return iter(
+            env.tasks(self.run_id)
+            .select(lambda t: not held_out(t.task_id, self.fraction))
+            .shuffle(self.seed + epoch)
+        )
 
     def skip(self, n: int) -> None:
         """Move past `n` training tasks (a resumed run continues with new ones)."""
@@ -67,22 +71,43 @@ class TaskSource:
         task = next(self.streams[env_id], None)
         if task is None:
             self.epochs[env_id] += 1
-            log.info("task set of %s used up after %d training tasks; epoch %d begins", env_id, self.published,
-                     self.epochs[env_id])
+            log.info(
+                "task set of %s used up after %d training tasks; epoch %d begins",
+                env_id,
+                self.published,
+                self.epochs[env_id],
+            )
             self.streams[env_id] = self._epoch(source.env, self.epochs[env_id])
             task = next(self.streams[env_id], None)
             if task is None:
-                raise RuntimeError(f"task set of {env_id} has no training tasks: no row outside the held-out "
-                                   f"split (held_out_fraction = {self.fraction})")
+                raise RuntimeError(
+                    f"task set of {env_id} has no training tasks: no row outside the held-out "
+                    f"split (held_out_fraction = {self.fraction})"
+                )
         self.published += 1
-        return msgspec.structs.replace(task, event_id=derived_id(self.run_id, "train-task", self.started, self.published),
-                                       run_id=self.run_id, info={**task.info, SPLIT: "train"})
+        return msgspec.structs.replace(
+            task,
+            event_id=derived_id(self.run_id, "train-task", self.started, self.published),
+            run_id=self.run_id,
+            info={**task.info, SPLIT: "train"},
+        )
 
     def eval_set(self, version: int, per_env: int, group_size: int) -> list[TaskPublished]:
         tasks = []
         for s in self.sources:
-            for task in s.env.tasks(self.run_id).select(lambda t: held_out(t.task_id, self.fraction)).take(per_env):
-                tasks.append(msgspec.structs.replace(
-                    task, event_id=derived_id(self.run_id, "eval-task", version, task.task_id), run_id=self.run_id,
-                    group_size=group_size, split="test", info={**task.info, SPLIT: "test", EVAL_VERSION: version}))
+            for task in (
+                s.env.tasks(self.run_id)
+                .select(lambda t: held_out(t.task_id, self.fraction))
+                .take(per_env)
+            ):
+                tasks.append(
+                    msgspec.structs.replace(
+                        task,
+                        event_id=derived_id(self.run_id, "eval-task", version, task.task_id),
+                        run_id=self.run_id,
+                        group_size=group_size,
+                        split="test",
+                        info={**task.info, SPLIT: "test", EVAL_VERSION: version},
+                    )
+                )
         return tasks

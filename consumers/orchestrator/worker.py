@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from rlbus.bus import Bus, Delivery
 from rlbus.consumers.orchestrator.algorithms import Algorithm
 from rlbus.consumers.orchestrator.config import OrchestratorConfig
@@ -82,8 +83,16 @@ def has_signal(samples: list[TrainSample]) -> bool:
 
 
 class Orchestrator:
-    def __init__(self, bus: Bus, cfg: OrchestratorConfig, run_id: str, max_steps: int, tasks: TaskSource,
-                 algorithms: dict[str, Algorithm], joiner: Joiner):
+    def __init__(
+        self,
+        bus: Bus,
+        cfg: OrchestratorConfig,
+        run_id: str,
+        max_steps: int,
+        tasks: TaskSource,
+        algorithms: dict[str, Algorithm],
+        joiner: Joiner,
+    ):
         self.bus = bus
         self.cfg = cfg
         self.run_id = run_id
@@ -146,9 +155,13 @@ class Orchestrator:
                 evaluation.pending.discard(group.group_id)
                 evaluation.rewards.extend(m.scored.reward for m in group.members)
                 if not evaluation.pending:
-                    log.info("eval at version %d: mean reward %.3f, pass rate %.3f over %d rollouts",
-                             evaluation.version, float(np.mean(evaluation.rewards)), evaluation.pass_rate,
-                             len(evaluation.rewards))
+                    log.info(
+                        "eval at version %d: mean reward %.3f, pass rate %.3f over %d rollouts",
+                        evaluation.version,
+                        float(np.mean(evaluation.rewards)),
+                        evaluation.pass_rate,
+                        len(evaluation.rewards),
+                    )
             return
         self.inflight.discard(group.group_id)
         samples = await self.algorithms[group.env].samples(group.members)
@@ -171,12 +184,19 @@ class Orchestrator:
         if self.cfg.mode == "async":
             while len(self.ready) >= self.cfg.tasks_per_step and self.step < self.max_steps:
                 await self._publish_batch(self.cfg.tasks_per_step)
-            if self.served >= self.start_version:  # on a resume, inference first loads the trainer's weights
-                await self._publish_tasks(self.pacer.room(self.step, self.max_steps, len(self.ready),
-                                                          len(self.inflight), self.served))
+            if (
+                self.served >= self.start_version
+            ):  # on a resume, inference first loads the trainer's weights
+                await self._publish_tasks(
+                    self.pacer.room(
+                        self.step, self.max_steps, len(self.ready), len(self.inflight), self.served
+                    )
+                )
         elif self.step < self.max_steps:
             if self.collecting:
-                if not self.inflight:  # every group of the step is back (some may have been dropped)
+                if (
+                    not self.inflight
+                ):  # every group of the step is back (some may have been dropped)
                     await self._publish_batch(len(self.ready))
                     self.collecting = False
                     self.awaiting_version = self.step
@@ -184,8 +204,11 @@ class Orchestrator:
                 await self._publish_tasks(self.cfg.tasks_per_step)
                 self.collecting = True
         # Done once inference serves the final weights and the final evaluation is scored.
-        if min(self.trained, self.served) >= self.max_steps and self._final_evaluated() \
-                and not any(e.pending for e in self.evaluations.values()):
+        if (
+            min(self.trained, self.served) >= self.max_steps
+            and self._final_evaluated()
+            and not any(e.pending for e in self.evaluations.values())
+        ):
             self.done.set()
 
     def _final_evaluated(self) -> bool:
@@ -215,7 +238,9 @@ class Orchestrator:
     async def _publish_batch(self, groups: int) -> None:
         assert self.step is not None
         taken, self.ready = take_oldest(self.ready, groups)
-        fresh = filter_stale([s for g in taken for s in g.samples], self.step, self.cfg.max_off_policy_steps)
+        fresh = filter_stale(
+            [s for g in taken for s in g.samples], self.step, self.cfg.max_off_policy_steps
+        )
         self.counts.dropped_stale += fresh.dropped
         self.counts.samples += len(fresh.kept)
         self.step += 1
@@ -224,18 +249,40 @@ class Orchestrator:
         self.counted = Counts(**vars(self.counts))
         rewards = [r for g in taken for r in g.rewards]
         batch_id = derived_id(self.run_id, "batch", self.step)
-        await self.bus.publish(TrainBatch(
-            event_id=batch_id, run_id=self.run_id, batch_id=batch_id, step=self.step, samples=fresh.kept,
-            algorithm="+".join(sorted({type(a).__name__.lower() for a in self.algorithms.values()})),
-            num_tokens=sum(len(tokens(s.input_ids)) for s in fresh.kept),
-            min_policy_version=min(versions), max_policy_version=max(versions), dropped_stale=fresh.dropped,
-            metrics={**since, "batch_groups": float(len(taken)),
-                     "mean_reward": float(np.mean(rewards)) if rewards else 0.0}))
-        log.info("batch %d: %d samples from %d groups (staleness %s; dropped so far: %s)", self.step,
-                 len(fresh.kept), len(taken), fresh.histogram, self.counts)
+        await self.bus.publish(
+            TrainBatch(
+                event_id=batch_id,
+                run_id=self.run_id,
+                batch_id=batch_id,
+                step=self.step,
+                samples=fresh.kept,
+                algorithm="+".join(
+                    sorted({type(a).__name__.lower() for a in self.algorithms.values()})
+                ),
+                num_tokens=sum(len(tokens(s.input_ids)) for s in fresh.kept),
+                min_policy_version=min(versions),
+                max_policy_version=max(versions),
+                dropped_stale=fresh.dropped,
+                metrics={
+                    **since,
+                    "batch_groups": float(len(taken)),
+                    "mean_reward": float(np.mean(rewards)) if rewards else 0.0,
+                },
+            )
+        )
+        log.info(
+            "batch %d: %d samples from %d groups (staleness %s; dropped so far: %s)",
+            self.step,
+            len(fresh.kept),
+            len(taken),
+            fresh.histogram,
+            self.counts,
+        )
 
 
-async def run_orchestrator(bus: Bus, orchestrator: Orchestrator, stop: asyncio.Event) -> Orchestrator:
+async def run_orchestrator(
+    bus: Bus, orchestrator: Orchestrator, stop: asyncio.Event
+) -> Orchestrator:
     """Consume until the run is done (max_steps batches and the final evaluation) or `stop`."""
     consumer_stop = asyncio.Event()
 
@@ -259,7 +306,12 @@ async def run_orchestrator(bus: Bus, orchestrator: Orchestrator, stop: asyncio.E
 
 
 def summary(o: Orchestrator) -> dict[str, object]:
-    evals = {v: {"mean_reward": float(np.mean(e.rewards)) if e.rewards else 0.0, "pass_rate": e.pass_rate,
-                 "rollouts": len(e.rewards)} for v, e in sorted(o.evaluations.items())}
+    evals = {
+        v: {
+            "mean_reward": float(np.mean(e.rewards)) if e.rewards else 0.0,
+            "pass_rate": e.pass_rate,
+            "rollouts": len(e.rewards),
+        }
+        for v, e in sorted(o.evaluations.items())
+    }
     return {"steps": o.step, "counts": vars(o.counts), "evaluations": evals}
-

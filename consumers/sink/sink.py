@@ -32,7 +32,9 @@ def dedup_token(table: str, deliveries: list[Delivery]) -> str:
     for d in deliveries:
         offsets[(d.topic, d.partition)].append(d.offset)
     parts = [f"{t}:{p}:{min(o)}-{max(o)}" for (t, p), o in sorted(offsets.items())]
-    digest = hashlib.blake2b("".join(d.event.event_id for d in deliveries).encode(), digest_size=8).hexdigest()
+    digest = hashlib.blake2b(
+        "".join(d.event.event_id for d in deliveries).encode(), digest_size=8
+    ).hexdigest()
     return "|".join([table, *parts]) + "#" + digest
 
 
@@ -56,8 +58,9 @@ class Sink:
             self.rows_written += len(group)
 
 
-async def run_sink(settings: Settings, store: Store, stop: asyncio.Event,
-                   topics: list[str] | None = None) -> Sink:
+async def run_sink(
+    settings: Settings, store: Store, stop: asyncio.Event, topics: list[str] | None = None
+) -> Sink:
     """Consume `topics` (default: all) into `store` until `stop` is set."""
     sink = Sink(store)
     async with Bus(settings) as bus:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from rlbus.schemas import TrainSample
 from rlbus.schemas.packed import logprobs, mask, tokens
 
@@ -48,15 +49,20 @@ class MicroBatch:
 
 def _check(sample: TrainSample) -> int:
     n = len(tokens(sample.input_ids))
-    sizes = {"loss_mask": len(mask(sample.loss_mask)), "advantages": len(logprobs(sample.advantages)),
-             "inference_logprobs": len(logprobs(sample.inference_logprobs))}
+    sizes = {
+        "loss_mask": len(mask(sample.loss_mask)),
+        "advantages": len(logprobs(sample.advantages)),
+        "inference_logprobs": len(logprobs(sample.inference_logprobs)),
+    }
     if sample.teacher_logprobs:
         sizes["teacher_logprobs"] = len(logprobs(sample.teacher_logprobs))
     wrong = {k: v for k, v in sizes.items() if v != n}
     if wrong:
         raise ValueError(f"sample of rollout {sample.rollout_id}: {n} input ids but {wrong}")
     if n and mask(sample.loss_mask)[0]:
-        raise ValueError(f"sample of rollout {sample.rollout_id}: the first token has loss but no prefix to predict it")
+        raise ValueError(
+            f"sample of rollout {sample.rollout_id}: the first token has loss but no prefix to predict it"
+        )
     return n
 
 
@@ -81,7 +87,9 @@ def collate(samples: Sequence[TrainSample]) -> MicroBatch:
         loss_mask=torch.from_numpy(padded("loss_mask", mask, np.uint8)),
         advantages=torch.from_numpy(padded("advantages", logprobs, np.float32)),
         inference_logprobs=torch.from_numpy(padded("inference_logprobs", logprobs, np.float32)),
-        teacher_logprobs=torch.from_numpy(padded("teacher_logprobs", logprobs, np.float32)) if has_teacher else None,
+        teacher_logprobs=torch.from_numpy(padded("teacher_logprobs", logprobs, np.float32))
+        if has_teacher
+        else None,
         temperature=torch.tensor([s.temperature or 1.0 for s in samples], dtype=torch.float32),
         versions=[s.policy_version for s in samples],
     )

@@ -43,7 +43,7 @@ def absolute(url: str) -> str:
     if "://" not in url:
         return "file://" + os.path.abspath(url)
     if url.startswith("file://") and not url.startswith("file:///"):
-        return "file://" + os.path.abspath(url[len("file://"):])
+        return "file://" + os.path.abspath(url[len("file://") :])
     return url
 
 
@@ -85,7 +85,10 @@ class CheckpointStore:
         buf = io.BytesIO()
         torch.save(tensors, buf)
         self._write(f"{rel}/state.pt", buf.getvalue())
-        self._write(f"{rel}/meta.json", json.dumps({"step": state.step, "batch_ids": state.batch_ids}).encode())
+        self._write(
+            f"{rel}/meta.json",
+            json.dumps({"step": state.step, "batch_ids": state.batch_ids}).encode(),
+        )
         self._write(LATEST, json.dumps({"step": state.step, "state": rel}).encode())
         self._prune("state", self.keep_states)
 

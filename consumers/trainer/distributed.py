@@ -40,13 +40,15 @@ class TorchRanks:
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            raise RuntimeError("trainer.parallel = 'fsdp' needs torch.distributed: start the trainer under torchrun")
+            raise RuntimeError(
+                "trainer.parallel = 'fsdp' needs torch.distributed: start the trainer under torchrun"
+            )
         self._dist = dist
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
 
     def mine(self, items: list[T]) -> list[T]:
-        return items[self.rank::self.world]
+        return items[self.rank :: self.world]
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
         out = values.clone()

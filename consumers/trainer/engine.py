@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
+
 from rlbus.consumers.trainer import masks
 from rlbus.consumers.trainer.batching import MicroBatch, micro_batches
 from rlbus.consumers.trainer.config import OptimConfig, TrainerConfig
@@ -21,7 +23,6 @@ from rlbus.consumers.trainer.distributed import Ranks, SingleProcess
 from rlbus.consumers.trainer.losses import TokenTensors, get_loss, mismatch_kl, supervised_loss
 from rlbus.consumers.trainer.model import token_logprobs
 from rlbus.schemas import TrainSample
-from torch import nn
 
 
 @dataclass
@@ -54,36 +55,53 @@ def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
 
 
 class Trainer:
-    def __init__(self, model: nn.Module, cfg: TrainerConfig, total_steps: int, ranks: Ranks | None = None):
+    def __init__(
+        self, model: nn.Module, cfg: TrainerConfig, total_steps: int, ranks: Ranks | None = None
+    ):
         self.model = model
         self.cfg = cfg
         self.ranks = ranks or SingleProcess()
         self.loss_fn = get_loss(cfg.loss.name)
         params = [p for p in model.parameters() if p.requires_grad]
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                                           weight_decay=o.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: lr_factor(step, o, total_steps))
+            self.optimizer, lambda step: lr_factor(step, o, total_steps)
+        )
         self.device = next(model.parameters()).device
 
-    def _micro_loss(self, mb: MicroBatch, version: int | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _micro_loss(
+        self, mb: MicroBatch, version: int | None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Summed loss and metric sums of one micro-batch."""
-        mb_dev = MicroBatch(**{k: (v.to(self.device) if isinstance(v, torch.Tensor) else v)
-                               for k, v in vars(mb).items()})
+        mb_dev = MicroBatch(
+            **{
+                k: (v.to(self.device) if isinstance(v, torch.Tensor) else v)
+                for k, v in vars(mb).items()
+            }
+        )
         logprobs, entropy = token_logprobs(self.model, mb_dev)
         policy = mb_dev.loss_mask == masks.POLICY
         supervised = mb_dev.loss_mask == masks.SUPERVISED
-        out = self.loss_fn(TokenTensors(
-            logprobs=logprobs[policy],
-            inference_logprobs=mb_dev.inference_logprobs[policy],
-            advantages=mb_dev.advantages[policy],
-            teacher_logprobs=mb_dev.teacher_logprobs[policy] if mb_dev.teacher_logprobs is not None else None,
-        ), self.cfg.loss)
+        out = self.loss_fn(
+            TokenTensors(
+                logprobs=logprobs[policy],
+                inference_logprobs=mb_dev.inference_logprobs[policy],
+                advantages=mb_dev.advantages[policy],
+                teacher_logprobs=mb_dev.teacher_logprobs[policy]
+                if mb_dev.teacher_logprobs is not None
+                else None,
+            ),
+            self.cfg.loss,
+        )
         total = out.loss + supervised_loss(logprobs[supervised], mb_dev.advantages[supervised])
         # Samples of the version being trained measure the trainer/inference numerical mismatch
         # alone; older ones add the policy's own change since they were sampled.
-        fresh = torch.tensor([v == version for v in mb.versions], device=self.device)[:, None] & policy
+        fresh = (
+            torch.tensor([v == version for v in mb.versions], device=self.device)[:, None] & policy
+        )
         sums = {
             "policy_tokens": policy.sum().float(),
             "supervised_tokens": supervised.sum().float(),
@@ -101,8 +119,12 @@ class Trainer:
         `version`: the weights version being trained (its samples give the mismatch KL)."""
         started = time.perf_counter()
         groups = self.ranks.mine(micro_batches(samples, self.cfg.micro_batch_tokens))
-        local = torch.tensor([float(sum(int((mb.loss_mask > 0).sum()) for mb in groups)),
-                              float(sum(mb.num_tokens for mb in groups))])
+        local = torch.tensor(
+            [
+                float(sum(int((mb.loss_mask > 0).sum()) for mb in groups)),
+                float(sum(mb.num_tokens for mb in groups)),
+            ]
+        )
         loss_tokens_all, input_tokens = self.ranks.sum(local).tolist()
         tokens = max(1.0, loss_tokens_all)
         # Every rank runs the same number of forward passes (FSDP gathers weights inside them);
@@ -120,10 +142,13 @@ class Trainer:
             for k, v in metric_sums.items():
                 sums[k] = sums.get(k, torch.zeros((), device=v.device)) + v.float() * weight
         names = sorted(sums)
-        reduced = self.ranks.sum(torch.stack([sums[k].cpu() for k in names])) if names else torch.zeros(0)
+        reduced = (
+            self.ranks.sum(torch.stack([sums[k].cpu() for k in names])) if names else torch.zeros(0)
+        )
         totals = dict(zip(names, reduced.tolist(), strict=True))
         grad_norm = torch.nn.utils.clip_grad_norm_(
-            [p for p in self.model.parameters() if p.requires_grad], self.cfg.optim.max_grad_norm)
+            [p for p in self.model.parameters() if p.requires_grad], self.cfg.optim.max_grad_norm
+        )
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
@@ -133,7 +158,9 @@ class Trainer:
         fresh_tokens = totals.pop("fresh_tokens", 0.0)
         return StepResult(
             loss=totals.pop("loss", 0.0) / tokens,
-            grad_norm=float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
+            grad_norm=float(
+                grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+            ),
             entropy=totals.pop("entropy", 0.0) / max(1.0, loss_tokens),
             mismatch_kl=totals.pop("mismatch_kl", 0.0) / fresh_tokens if fresh_tokens else math.nan,
             lr=lr,
@@ -141,8 +168,11 @@ class Trainer:
             num_tokens=int(loss_tokens_all),
             input_tokens=int(input_tokens),
             seconds=time.perf_counter() - started,
-            metrics={"off_policy_kl": totals.pop("off_policy_kl", 0.0) / policy_tokens, "fresh_tokens": fresh_tokens,
-                     **{f"loss/{k}_fraction": v / policy_tokens for k, v in totals.items()}},
+            metrics={
+                "off_policy_kl": totals.pop("off_policy_kl", 0.0) / policy_tokens,
+                "fresh_tokens": fresh_tokens,
+                **{f"loss/{k}_fraction": v / policy_tokens for k, v in totals.items()},
+            },
         )
 
     def state_dict(self) -> dict:
@@ -156,6 +186,13 @@ class Trainer:
 def _empty_batch() -> MicroBatch:
     """Two ids, no loss: the forward pass a rank with no micro-batch of its own still runs."""
     zeros = torch.zeros(1, 2)
-    return MicroBatch(input_ids=zeros.long(), attention_mask=torch.ones(1, 2, dtype=torch.long),
-                      loss_mask=zeros.to(torch.uint8), advantages=zeros, inference_logprobs=zeros,
-                      teacher_logprobs=None, temperature=torch.ones(1), versions=[0])
+    return MicroBatch(
+        input_ids=zeros.long(),
+        attention_mask=torch.ones(1, 2, dtype=torch.long),
+        loss_mask=zeros.to(torch.uint8),
+        advantages=zeros,
+        inference_logprobs=zeros,
+        teacher_logprobs=None,
+        temperature=torch.ones(1),
+        versions=[0],
+    )

@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
 from rlbus.consumers.trainer.checkpoint import CheckpointStore
 from rlbus.consumers.trainer.engine import StepResult, Trainer
 from rlbus.consumers.trainer.worker import Hooks
 from rlbus.schemas import TrainSample
-from torch import nn
-from torch.distributed.fsdp import fully_shard
 
 
 def shard(model: nn.Module) -> nn.Module:

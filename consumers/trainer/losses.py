@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
 from rlbus.consumers.trainer.config import LossConfig
 
 
@@ -46,7 +47,9 @@ def loss(name: str) -> Callable[[LossFn], LossFn]:
 
     def register(fn: LossFn) -> LossFn:
         if name in LOSSES:
-            raise ValueError(f"loss {name!r} is registered twice ({LOSSES[name].__module__} and {fn.__module__})")
+            raise ValueError(
+                f"loss {name!r} is registered twice ({LOSSES[name].__module__} and {fn.__module__})"
+            )
         LOSSES[name] = fn
         return fn
 
@@ -60,7 +63,9 @@ def get_loss(name: str) -> LossFn:
 
 
 def _ratio(t: TokenTensors, cfg: LossConfig) -> torch.Tensor:
-    return torch.exp((t.logprobs - t.inference_logprobs).clamp(-cfg.max_log_ratio, cfg.max_log_ratio))
+    return torch.exp(
+        (t.logprobs - t.inference_logprobs).clamp(-cfg.max_log_ratio, cfg.max_log_ratio)
+    )
 
 
 @loss("rl")
@@ -71,7 +76,9 @@ def rl_loss(t: TokenTensors, cfg: LossConfig) -> LossOutput:
     ratio = _ratio(t, cfg)
     with torch.no_grad():
         moved = t.logprobs.exp() - t.inference_logprobs.exp()
-        outside = ((t.advantages > 0) & (moved > cfg.trust_region)) | ((t.advantages < 0) & (-moved > cfg.trust_region))
+        outside = ((t.advantages > 0) & (moved > cfg.trust_region)) | (
+            (t.advantages < 0) & (-moved > cfg.trust_region)
+        )
     per_token = -(ratio * t.advantages) * (~outside)
     return LossOutput(per_token.sum(), {"masked": outside.sum().float()})
 
@@ -98,7 +105,9 @@ def distill_loss(t: TokenTensors, cfg: LossConfig) -> LossOutput:
     """Reverse KL to the teacher on the sampled tokens: the gradient of KL(policy || teacher)
     estimated from the inference samples, r * (log pi - log teacher) * grad log pi."""
     if t.teacher_logprobs is None:
-        raise ValueError("loss 'distill' needs teacher_logprobs on every sample (algorithm opd or self-distill)")
+        raise ValueError(
+            "loss 'distill' needs teacher_logprobs on every sample (algorithm opd or self-distill)"
+        )
     ratio = _ratio(t, cfg).detach()
     gap = (t.logprobs - t.teacher_logprobs).detach()
     return LossOutput((ratio * gap * t.logprobs).sum(), {"teacher_gap": gap.sum()})

@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from torch import nn
+
 from rlbus.consumers.trainer.batching import MicroBatch
 from rlbus.consumers.trainer.config import LoraConfig
-from torch import nn
 
 
 def load_policy(path: str | Path, lora: LoraConfig, device: str = "cpu") -> nn.Module:
@@ -19,9 +20,21 @@ def load_policy(path: str | Path, lora: LoraConfig, device: str = "cpu") -> nn.M
         from peft import LoraConfig as PeftLora
         from peft import get_peft_model
 
-        targets = lora.target_modules if lora.target_modules == "all-linear" else lora.target_modules.split(",")
-        model = get_peft_model(model, PeftLora(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                               target_modules=targets, task_type="CAUSAL_LM"))
+        targets = (
+            lora.target_modules
+            if lora.target_modules == "all-linear"
+            else lora.target_modules.split(",")
+        )
+        model = get_peft_model(
+            model,
+            PeftLora(
+                r=lora.rank,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=targets,
+                task_type="CAUSAL_LM",
+            ),
+        )
     model.train()
     return model
 
@@ -39,8 +52,11 @@ def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     model.merge_adapter()
     try:
         state = model.get_base_model().state_dict()
-        return {k.replace(".base_layer.", "."): v.detach().cpu().clone().contiguous()
-                for k, v in state.items() if "lora_" not in k}
+        return {
+            k.replace(".base_layer.", "."): v.detach().cpu().clone().contiguous()
+            for k, v in state.items()
+            if "lora_" not in k
+        }
     finally:
         model.unmerge_adapter()
 

@@ -10,18 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from rlbus.consumers.trainer.checkpoint import CheckpointStore, NothingToResume, TrainerState
-from rlbus.consumers.trainer.config import TrainerConfig
-from rlbus.consumers.trainer.distributed import TorchRanks
-from rlbus.consumers.trainer.engine import Trainer
-from rlbus.consumers.trainer.model import full_weights, load_policy
-from rlbus.consumers.trainer.worker import Hooks
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_state_dict,
 )
+
+from rlbus.consumers.trainer.checkpoint import CheckpointStore, NothingToResume, TrainerState
+from rlbus.consumers.trainer.config import TrainerConfig
+from rlbus.consumers.trainer.distributed import TorchRanks
+from rlbus.consumers.trainer.engine import Trainer
+from rlbus.consumers.trainer.model import full_weights, load_policy
+from rlbus.consumers.trainer.worker import Hooks
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -38,23 +39,28 @@ class Session:
     hooks: Hooks
 
 
-def open_session(cfg: TrainerConfig, model_path: str, checkpoint_url: str, total_steps: int,
-                 resume: bool) -> Session:
+def open_session(
+    cfg: TrainerConfig, model_path: str, checkpoint_url: str, total_steps: int, resume: bool
+) -> Session:
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     checkpoints = CheckpointStore(checkpoint_url, cfg.keep_checkpoints, cfg.keep_weights)
     if not resume and checkpoints.exists():
-        raise CheckpointExists(f"{checkpoints.url} holds a checkpoint at step {checkpoints.latest_step()}: "
-                               "pass --resume to continue it, or use another run id / trainer.checkpoint_url")
+        raise CheckpointExists(
+            f"{checkpoints.url} holds a checkpoint at step {checkpoints.latest_step()}: "
+            "pass --resume to continue it, or use another run id / trainer.checkpoint_url"
+        )
     if resume and not checkpoints.exists():
         raise NothingToResume(f"nothing to resume: no checkpoint under {checkpoints.url}")
     model = load_policy(model_path, cfg.lora, cfg.device)
     sharded = cfg.parallel == "fsdp"
     if sharded:
         if cfg.lora.enabled:
-            raise ValueError("trainer.lora with trainer.parallel = 'fsdp' is not supported: train adapters "
-                             "in one process")
+            raise ValueError(
+                "trainer.lora with trainer.parallel = 'fsdp' is not supported: train adapters "
+                "in one process"
+            )
         from rlbus.consumers.trainer.fsdp import shard
 
         shard(model)
@@ -62,16 +68,31 @@ def open_session(cfg: TrainerConfig, model_path: str, checkpoint_url: str, total
     state = TrainerState()
     if resume:
         state, saved = checkpoints.load()
-        set_state_dict(model, trainer.optimizer, model_state_dict=saved["model"],
-                       optim_state_dict=saved["optimizer"], options=FULL)
+        set_state_dict(
+            model,
+            trainer.optimizer,
+            model_state_dict=saved["model"],
+            optim_state_dict=saved["optimizer"],
+            options=FULL,
+        )
         trainer.scheduler.load_state_dict(saved["scheduler"])
 
     def everything() -> dict:
         model_state, optim_state = get_state_dict(model, trainer.optimizer, options=FULL)
-        return {"model": model_state, "optimizer": optim_state, "scheduler": trainer.scheduler.state_dict()}
+        return {
+            "model": model_state,
+            "optimizer": optim_state,
+            "scheduler": trainer.scheduler.state_dict(),
+        }
 
     def weights() -> dict[str, torch.Tensor]:
         return get_model_state_dict(model, options=FULL) if sharded else full_weights(model)
 
-    return Session(trainer, checkpoints, state,
-                   Hooks(weights=weights, state=everything, num_params=sum(p.numel() for p in model.parameters())))
+    return Session(
+        trainer,
+        checkpoints,
+        state,
+        Hooks(
+            weights=weights, state=everything, num_params=sum(p.numel() for p in model.parameters())
+        ),
+    )

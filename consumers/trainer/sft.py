@@ -13,9 +13,16 @@ from rlbus.consumers.trainer.model import load_policy, save_model
 from rlbus.schemas import TrainSample
 
 
-def train_sft(samples: Sequence[TrainSample], model: str | Path, out: str | Path, cfg: TrainerConfig, steps: int,
-              batch_size: int, seed: int = 0,
-              on_step: Callable[[int, StepResult], None] | None = None) -> list[StepResult]:
+def train_sft(
+    samples: Sequence[TrainSample],
+    model: str | Path,
+    out: str | Path,
+    cfg: TrainerConfig,
+    steps: int,
+    batch_size: int,
+    seed: int = 0,
+    on_step: Callable[[int, StepResult], None] | None = None,
+) -> list[StepResult]:
     """Train `steps` optimizer steps of `batch_size` samples, then write the model to `out`."""
     if not samples:
         raise ValueError("no samples to train on")

@@ -23,8 +23,12 @@ def versions_behind(sample: TrainSample, policy_version: int) -> int:
     return max(0, policy_version - sample.policy_version)
 
 
-def filter_stale(samples: Sequence[TrainSample], policy_version: int, max_off_policy_steps: int) -> Staleness:
+def filter_stale(
+    samples: Sequence[TrainSample], policy_version: int, max_off_policy_steps: int
+) -> Staleness:
     behind = [versions_behind(s, policy_version) for s in samples]
     kept = [s for s, b in zip(samples, behind, strict=True) if b <= max_off_policy_steps]
     histogram = Counter(behind)
-    return Staleness(kept, len(samples) - len(kept), {str(k): histogram[k] for k in sorted(histogram)})
+    return Staleness(
+        kept, len(samples) - len(kept), {str(k): histogram[k] for k in sorted(histogram)}
+    )

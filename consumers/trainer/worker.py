@@ -40,8 +40,18 @@ class Hooks:
 
 
 class TrainerWorker:
-    def __init__(self, bus: Bus, step: Step, checkpoints: CheckpointStore, state: TrainerState, hooks: Hooks,
-                 run_id: str, max_off_policy_steps: int, max_steps: int, stop: asyncio.Event):
+    def __init__(
+        self,
+        bus: Bus,
+        step: Step,
+        checkpoints: CheckpointStore,
+        state: TrainerState,
+        hooks: Hooks,
+        run_id: str,
+        max_off_policy_steps: int,
+        max_steps: int,
+        stop: asyncio.Event,
+    ):
         self.bus = bus
         self.step = step
         self.checkpoints = checkpoints
@@ -58,15 +68,22 @@ class TrainerWorker:
 
     def weight_version(self) -> WeightVersion:
         version = self.state.step
-        return WeightVersion(event_id=derived_id(self.run_id, "weight-version", version), run_id=self.run_id,
-                             version=version, step=version, uri=self.checkpoints.weights_uri(version),
-                             num_params=self.hooks.num_params)
+        return WeightVersion(
+            event_id=derived_id(self.run_id, "weight-version", version),
+            run_id=self.run_id,
+            version=version,
+            step=version,
+            uri=self.checkpoints.weights_uri(version),
+            num_params=self.hooks.num_params,
+        )
 
     async def announce(self) -> None:
         """Publish the current version (written first if missing): inference loads it on a
         resume, the orchestrator learns where the run stands."""
         if not self.checkpoints.has_weights(self.state.step):
-            await asyncio.to_thread(self.checkpoints.write_weights, self.state.step, self.hooks.weights())
+            await asyncio.to_thread(
+                self.checkpoints.write_weights, self.state.step, self.hooks.weights()
+            )
         await self._announce()
 
     async def _announce(self, *with_it: TrainStep) -> None:
@@ -79,10 +96,16 @@ class TrainerWorker:
             batch = delivery.event
             # Batches past max_steps are left alone; everything else polled is trained, even
             # after a stop request, because its offset is committed when this returns.
-            if not isinstance(batch, TrainBatch) or batch.run_id != self.run_id or self.state.step >= self.max_steps:
+            if (
+                not isinstance(batch, TrainBatch)
+                or batch.run_id != self.run_id
+                or self.state.step >= self.max_steps
+            ):
                 continue
             if batch.batch_id in self.trained:
-                log.info("batch %s (step %d) was trained already; skipped", batch.batch_id, batch.step)
+                log.info(
+                    "batch %s (step %d) was trained already; skipped", batch.batch_id, batch.step
+                )
                 await self._announce()
                 continue
             await self.train(batch)
@@ -90,36 +113,73 @@ class TrainerWorker:
     async def train(self, batch: TrainBatch) -> None:
         fresh = filter_stale(batch.samples, self.state.step, self.max_off_policy_steps)
         if fresh.dropped:
-            log.warning("batch %s: %d of %d samples are more than %d versions behind %d; dropped",
-                        batch.batch_id, fresh.dropped, len(batch.samples), self.max_off_policy_steps, self.state.step)
+            log.warning(
+                "batch %s: %d of %d samples are more than %d versions behind %d; dropped",
+                batch.batch_id,
+                fresh.dropped,
+                len(batch.samples),
+                self.max_off_policy_steps,
+                self.state.step,
+            )
         result = await asyncio.to_thread(self.step, fresh.kept, self.state.step)
         self.state.step += 1
         self.state.batch_ids.append(batch.batch_id)
         self.trained.add(batch.batch_id)
-        await asyncio.to_thread(self.checkpoints.write_weights, self.state.step, self.hooks.weights())
+        await asyncio.to_thread(
+            self.checkpoints.write_weights, self.state.step, self.hooks.weights()
+        )
         await asyncio.to_thread(self.checkpoints.save, self.state, self.hooks.state())
         self.last = result
-        await self._announce(self._step_event(batch, result, batch.dropped_stale + fresh.dropped, fresh.histogram))
-        log.info("step %d: loss %.4f grad norm %.3f kl %.2e (%d samples, %.2fs)", self.state.step, result.loss,
-                 result.grad_norm, result.mismatch_kl, result.num_samples, result.seconds)
+        await self._announce(
+            self._step_event(batch, result, batch.dropped_stale + fresh.dropped, fresh.histogram)
+        )
+        log.info(
+            "step %d: loss %.4f grad norm %.3f kl %.2e (%d samples, %.2fs)",
+            self.state.step,
+            result.loss,
+            result.grad_norm,
+            result.mismatch_kl,
+            result.num_samples,
+            result.seconds,
+        )
         if self.state.step >= self.max_steps:
             self.stop.set()
 
-    def _step_event(self, batch: TrainBatch, r: StepResult, dropped: int, histogram: dict[str, int]) -> TrainStep:
+    def _step_event(
+        self, batch: TrainBatch, r: StepResult, dropped: int, histogram: dict[str, int]
+    ) -> TrainStep:
         return TrainStep(
-            event_id=derived_id(self.run_id, "train-step", self.state.step), run_id=self.run_id, step=self.state.step,
-            loss=r.loss, grad_norm=r.grad_norm, entropy=r.entropy, lr=r.lr, mismatch_kl=r.mismatch_kl,
-            num_samples=r.num_samples, num_tokens=r.input_tokens,
-            tokens_per_s=r.input_tokens / r.seconds if r.seconds else 0.0, dropped_stale=dropped, staleness=histogram,
-            metrics={**r.metrics, "loss_tokens": float(r.num_tokens), "step_s": r.seconds,
-                     "batch_step": float(batch.step)})
+            event_id=derived_id(self.run_id, "train-step", self.state.step),
+            run_id=self.run_id,
+            step=self.state.step,
+            loss=r.loss,
+            grad_norm=r.grad_norm,
+            entropy=r.entropy,
+            lr=r.lr,
+            mismatch_kl=r.mismatch_kl,
+            num_samples=r.num_samples,
+            num_tokens=r.input_tokens,
+            tokens_per_s=r.input_tokens / r.seconds if r.seconds else 0.0,
+            dropped_stale=dropped,
+            staleness=histogram,
+            metrics={
+                **r.metrics,
+                "loss_tokens": float(r.num_tokens),
+                "step_s": r.seconds,
+                "batch_step": float(batch.step),
+            },
+        )
 
 
 async def run_trainer(bus: Bus, worker: TrainerWorker) -> TrainerWorker:
     """Announce the current weights, then train until max_steps or `worker.stop`."""
     await worker.announce()
     if worker.state.step >= worker.max_steps:
-        log.info("step %d already reached max_steps %d; nothing to train", worker.state.step, worker.max_steps)
+        log.info(
+            "step %d already reached max_steps %d; nothing to train",
+            worker.state.step,
+            worker.max_steps,
+        )
         return worker
     announcing = asyncio.create_task(bus.keep_announcing(lambda: worker.announced, worker.stop))
     try:

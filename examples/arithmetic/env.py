@@ -32,7 +32,11 @@ class Arithmetic(TaskSet):
 
     @reward(weight=1.0)
     def correct(self, text: str, task) -> float:
-        entry = {"question": task.prompt, "answer": task.answer, "metadata": task.info.get("metadata", {})}
+        entry = {
+            "question": task.prompt,
+            "answer": task.answer,
+            "metadata": task.info.get("metadata", {}),
+        }
         return float(self.checker.score_answer(answer=self.extract(text), entry=entry))
 
     @metric

@@ -23,17 +23,32 @@ def shift(word: str, rotation: int) -> str:
 class Caesar(TaskSet):
     name = "caesar"
 
-    def __init__(self, n: int = 20_000, seed: int = 0, max_rotation: int = 3, min_len: int = 4, max_len: int = 7):
-        super().__init__(n=n, seed=seed, max_rotation=max_rotation, min_len=min_len, max_len=max_len)
+    def __init__(
+        self,
+        n: int = 20_000,
+        seed: int = 0,
+        max_rotation: int = 3,
+        min_len: int = 4,
+        max_len: int = 7,
+    ):
+        super().__init__(
+            n=n, seed=seed, max_rotation=max_rotation, min_len=min_len, max_len=max_len
+        )
 
     def rows(self):
         a = self.args
         rng = random.Random(a["seed"])
         for i in range(a["n"]):
-            word = "".join(rng.choice(LETTERS) for _ in range(rng.randint(a["min_len"], a["max_len"])))
+            word = "".join(
+                rng.choice(LETTERS) for _ in range(rng.randint(a["min_len"], a["max_len"]))
+            )
             rotation = rng.randint(1, a["max_rotation"])
-            yield {"task_id": derived_id(self.name, a["seed"], i), "prompt": f"{rotation} {shift(word, rotation)}",
-                   "answer": word, "info": {"rotation": rotation, "length": len(word)}}
+            yield {
+                "task_id": derived_id(self.name, a["seed"], i),
+                "prompt": f"{rotation} {shift(word, rotation)}",
+                "answer": word,
+                "info": {"rotation": rotation, "length": len(word)},
+            }
 
     @reward(weight=1.0)
     def exact(self, text: str, answer: str) -> float:
@@ -42,4 +57,6 @@ class Caesar(TaskSet):
     @reward(weight=0.5)
     def letters_right(self, text: str, answer: str) -> float:
         """Share of the answer's letters in their place: credit for a near miss."""
-        return sum(a == b for a, b in zip(text.strip(), answer)) / max(len(answer), len(text.strip()), 1)
+        return sum(a == b for a, b in zip(text.strip(), answer, strict=False)) / max(
+            len(answer), len(text.strip()), 1
+        )

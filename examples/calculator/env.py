@@ -9,8 +9,14 @@ import operator
 from rlbus.producers.env import TaskSet, metric, reward, tool
 from rlbus.producers.tasksets.sources import reasoning_gym
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.USub: operator.neg, ast.UAdd: operator.pos}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def evaluate(node: ast.AST) -> float:
@@ -39,7 +45,9 @@ class Calculator(TaskSet):
     defaults = {"harness": {"kind": "tools", "max_turns": 4}}
 
     def rows(self):
-        return reasoning_gym("basic_arithmetic", size=self.args.get("size", 500), seed=self.args.get("seed", 0))
+        return reasoning_gym(
+            "basic_arithmetic", size=self.args.get("size", 500), seed=self.args.get("seed", 0)
+        )
 
     @tool
     def calculate(self, expression: str, state: dict) -> str:

@@ -15,8 +15,10 @@ def main() -> None:
         task = json.load(f)
     messages = list(task["messages"])
     draft = client.chat.completions.create(model=model, messages=messages).choices[0].message
-    messages += [{"role": "assistant", "content": draft.content},
-                 {"role": "user", "content": "Check your answer. Reply with the final answer only."}]
+    messages += [
+        {"role": "assistant", "content": draft.content},
+        {"role": "user", "content": "Check your answer. Reply with the final answer only."},
+    ]
     final = client.chat.completions.create(model=model, messages=messages).choices[0].message
     print(final.content)
 

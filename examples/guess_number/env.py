@@ -27,8 +27,11 @@ class GuessNumber(TaskSet):
         high = self.args.get("high", 100)
         for i in range(self.args.get("n", 1000)):
             secret = rng.randint(1, high)
-            yield {"task_id": derived_id(self.name, self.args.get("seed", 0), i), "answer": str(secret),
-                   "prompt": f"I am thinking of an integer from 1 to {high}. Guess it."}
+            yield {
+                "task_id": derived_id(self.name, self.args.get("seed", 0), i),
+                "answer": str(secret),
+                "prompt": f"I am thinking of an integer from 1 to {high}. Guess it.",
+            }
 
     @user
     def referee(self, task, messages: list[dict], state: dict) -> str | None:

@@ -24,7 +24,9 @@ class ReverseText(TaskSet):
     system_prompt = "Reverse the text you are given. Answer with the reversed text only."
 
     def rows(self):
-        return reverse_text(self.args.get("n", 10_000), seed=self.args.get("seed", 0), env=self.name)
+        return reverse_text(
+            self.args.get("n", 10_000), seed=self.args.get("seed", 0), env=self.name
+        )
 
     @reward(weight=1.0)
     def exact(self, text: str, answer: str) -> float:
@@ -37,9 +39,12 @@ class ReverseText(TaskSet):
     @group_reward(weight=0.25)
     def concise(self, texts: list[str], rewards: list[dict[str, float]]) -> list[float]:
         """1 for the shortest exactly-correct answer(s) of the group, 0 for the rest."""
-        correct = [len(t) for t, r in zip(texts, rewards) if r.get("exact") == 1.0]
+        correct = [len(t) for t, r in zip(texts, rewards, strict=True) if r.get("exact") == 1.0]
         shortest = min(correct, default=None)
-        return [float(r.get("exact") == 1.0 and len(t) == shortest) for t, r in zip(texts, rewards)]
+        return [
+            float(r.get("exact") == 1.0 and len(t) == shortest)
+            for t, r in zip(texts, rewards, strict=True)
+        ]
 
     @metric
     def answer_chars(self, text: str) -> float:

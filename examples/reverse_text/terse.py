@@ -12,7 +12,9 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("reverse_text_env", Path(__file__).with_name("env.py"))
+_spec = importlib.util.spec_from_file_location(
+    "reverse_text_env", Path(__file__).with_name("env.py")
+)
 assert _spec is not None and _spec.loader is not None
 _env = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_env)

@@ -56,7 +56,9 @@ class UserModelConfig(Section):
     """OpenAI-compatible /v1 URL of the simulator."""
     api_key_env: str = "OPENAI_API_KEY"
     """Environment variable holding its API key."""
-    instructions: str = "You are the user. Reply with your next message only; reply DONE when satisfied."
+    instructions: str = (
+        "You are the user. Reply with your next message only; reply DONE when satisfied."
+    )
     """System prompt of the simulator; the task's info["user"] is appended when present."""
     done: str = "DONE"
     """A reply equal to this ends the rollout."""

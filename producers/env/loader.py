@@ -69,11 +69,19 @@ def _import_file(path: Path) -> ModuleType:
 
 
 def _only_taskset(module: ModuleType, where: str) -> type[TaskSet]:
-    found = [v for v in vars(module).values()
-             if inspect.isclass(v) and issubclass(v, TaskSet) and v is not TaskSet and v.__module__ == module.__name__]
+    found = [
+        v
+        for v in vars(module).values()
+        if inspect.isclass(v)
+        and issubclass(v, TaskSet)
+        and v is not TaskSet
+        and v.__module__ == module.__name__
+    ]
     if len(found) != 1:
         names = [c.__name__ for c in found]
-        raise ConfigError(f"{where} defines {len(found)} task sets {names}; name one as {where}:Class")
+        raise ConfigError(
+            f"{where} defines {len(found)} task sets {names}; name one as {where}:Class"
+        )
     return found[0]
 
 
@@ -97,8 +105,10 @@ def resolve_taskset(ref: str, base_dir: Path | None = None) -> tuple[type[TaskSe
         cls, resolved = _entry_point(ref), ref
         if cls is None:
             known = sorted(ep.name for ep in entry_points(group=GROUP))
-            raise ConfigError(f"no environment {ref!r}: not a .toml/.py path, module:Class, or an installed "
-                              f"entry point in group {GROUP!r} (installed: {known or 'none'})")
+            raise ConfigError(
+                f"no environment {ref!r}: not a .toml/.py path, module:Class, or an installed "
+                f"entry point in group {GROUP!r} (installed: {known or 'none'})"
+            )
     if not (inspect.isclass(cls) and issubclass(cls, TaskSet)):
         raise ConfigError(f"{ref} is {cls!r}, not a TaskSet subclass")
     return cls, resolved
@@ -111,7 +121,7 @@ def _toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read environment config {path}: {exc}") from exc
     table = data.get("env", data)
     if "taskset" not in table:
-        raise ConfigError(f"{path} names no taskset (add taskset = \"file.py:Class\" under [env])")
+        raise ConfigError(f'{path} names no taskset (add taskset = "file.py:Class" under [env])')
     return table
 
 
@@ -134,6 +144,18 @@ def load_environment(spec: str, overrides: dict[str, Any] | None = None) -> Envi
         raise ConfigError(format_validation_error(exc, f"environment {spec}")) from exc
     taskset = cls(**config.args)
     env_id = config.id or cls.env_id()
-    source = file.resolve() if file else Path(ref.partition(":")[0]) if ref.partition(":")[0].endswith(".py") else None
-    return Environment(env_id, taskset, config, discover(taskset), str(source) if file else ref,
-                       source.parent if source else Path.cwd())
+    source = (
+        file.resolve()
+        if file
+        else Path(ref.partition(":")[0])
+        if ref.partition(":")[0].endswith(".py")
+        else None
+    )
+    return Environment(
+        env_id,
+        taskset,
+        config,
+        discover(taskset),
+        str(source) if file else ref,
+        source.parent if source else Path.cwd(),
+    )

@@ -9,17 +9,23 @@ from typing import Any
 
 from rlbus.producers.env.decorators import TAG, Kind, Tag
 
-ROLLOUT_ARGS = frozenset({"task", "prompt", "completion", "text", "answer", "info", "state", "rollout"})
+ROLLOUT_ARGS = frozenset(
+    {"task", "prompt", "completion", "text", "answer", "info", "state", "rollout"}
+)
 """What a reward or metric may ask for: `text` is the last assistant message's text, `rollout`
 the RolloutCompleted event."""
-GROUP_ARGS = frozenset({"task", "prompt", "answer", "info", "group", "completions", "texts", "states",
-                        "rewards"})
+GROUP_ARGS = frozenset(
+    {"task", "prompt", "answer", "info", "group", "completions", "texts", "states", "rewards"}
+)
 """What a group reward may ask for: per-rollout lists in sample order (`rewards` holds each
 rollout's per-function rewards), plus the task's own fields."""
 TOOL_ARGS = frozenset({"task", "state"})
 USER_ARGS = frozenset({"task", "messages", "state", "turn"})
 ALLOWED: dict[Kind, frozenset[str]] = {
-    "reward": ROLLOUT_ARGS, "metric": ROLLOUT_ARGS, "group_reward": GROUP_ARGS, "tool": TOOL_ARGS,
+    "reward": ROLLOUT_ARGS,
+    "metric": ROLLOUT_ARGS,
+    "group_reward": GROUP_ARGS,
+    "tool": TOOL_ARGS,
     "user": USER_ARGS,
 }
 
@@ -72,8 +78,10 @@ def _rule(owner: str, attr: str, fn: Callable[..., Any], tag: Tag) -> Rule:
         elif tag.kind == "tool":
             own.append(param)
         else:
-            raise RuleError(f"{tag.kind} {owner}.{attr} asks for {param.name!r}; a {tag.kind} can ask for "
-                            f"{', '.join(sorted(allowed))}")
+            raise RuleError(
+                f"{tag.kind} {owner}.{attr} asks for {param.name!r}; a {tag.kind} can ask for "
+                f"{', '.join(sorted(allowed))}"
+            )
     return Rule(tag.name or attr, tag.kind, tag.weight, fn, tuple(injected), tuple(own), takes_all)
 
 
@@ -94,8 +102,12 @@ def discover(obj: object) -> Rules:
                     raise RuleError(f"{owner} has two @user methods: {rules.user.name} and {attr}")
                 rules.user = rule
             else:
-                {"reward": rules.rewards, "metric": rules.metrics, "group_reward": rules.group_rewards,
-                 "tool": rules.tools}[tag.kind].append(rule)
+                {
+                    "reward": rules.rewards,
+                    "metric": rules.metrics,
+                    "group_reward": rules.group_rewards,
+                    "tool": rules.tools,
+                }[tag.kind].append(rule)
     names = [r.name for r in (*rules.rewards, *rules.metrics, *rules.group_rewards)]
     if dup := sorted({n for n in names if names.count(n) > 1}):
         raise RuleError(f"{owner}: rewards and metrics need distinct names; repeated: {dup}")

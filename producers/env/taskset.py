@@ -13,10 +13,10 @@ from rlbus.schemas import Messages, TaskPublished
 class TaskSet:
     """Subclass it, give `rows()`, and tag rewards with @reward / @metric / @group_reward.
 
-        class ReverseText(TaskSet):
-            def rows(self): ...
-            @reward(weight=1.0)
-            def exact(self, text, answer) -> float: return float(text.strip() == answer)
+    class ReverseText(TaskSet):
+        def rows(self): ...
+        @reward(weight=1.0)
+        def exact(self, text, answer) -> float: return float(text.strip() == answer)
     """
 
     name: ClassVar[str] = ""
@@ -39,7 +39,11 @@ class TaskSet:
 
     def messages(self, task: TaskPublished) -> Messages:
         """The conversation a harness starts from."""
-        prompt = [{"role": "user", "content": task.prompt}] if isinstance(task.prompt, str) else list(task.prompt)
+        prompt = (
+            [{"role": "user", "content": task.prompt}]
+            if isinstance(task.prompt, str)
+            else list(task.prompt)
+        )
         if self.system_prompt and not (prompt and prompt[0].get("role") == "system"):
             prompt.insert(0, {"role": "system", "content": self.system_prompt})
         return prompt

@@ -20,5 +20,17 @@ def make_harness(env: Environment) -> Harness:
     return ChatHarness(config, user)
 
 
-__all__ = ["ChatHarness", "CommandHarness", "Harness", "HarnessError", "ModelUser", "Rollout", "ScriptedUser",
-           "ToolBox", "UserSimulator", "make_harness", "open_toolbox", "python_tool"]
+__all__ = [
+    "ChatHarness",
+    "CommandHarness",
+    "Harness",
+    "HarnessError",
+    "ModelUser",
+    "Rollout",
+    "ScriptedUser",
+    "ToolBox",
+    "UserSimulator",
+    "make_harness",
+    "open_toolbox",
+    "python_tool",
+]

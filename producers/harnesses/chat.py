@@ -26,7 +26,9 @@ class ChatHarness:
                 result = await rollout.session.chat(messages, tools=toolbox.schemas or None)
                 added = [result.message]
                 if result.message.get("tool_calls") and toolbox.schemas:
-                    added += [await toolbox.run(call, rollout) for call in result.message["tool_calls"]]
+                    added += [
+                        await toolbox.run(call, rollout) for call in result.message["tool_calls"]
+                    ]
                 elif self.user is None:
                     completion += added
                     break

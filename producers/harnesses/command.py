@@ -11,8 +11,8 @@ import sys
 
 from rlbus.producers.env.config import HarnessConfig
 from rlbus.producers.harnesses.base import HarnessError, Rollout
-from rlbus.schemas.messages import text_of
 from rlbus.schemas import Messages
+from rlbus.schemas.messages import text_of
 
 TASK_FILE = "task.json"
 
@@ -26,14 +26,27 @@ class CommandHarness:
     async def run(self, rollout: Rollout) -> Messages:
         sandbox, session, task = rollout.sandbox, rollout.session, rollout.task
         task_file = sandbox.workdir / TASK_FILE
-        task_file.write_text(json.dumps({"task_id": task.task_id, "prompt": task.prompt,
-                                         "messages": rollout.prompt, "info": task.info}))
-        argv = [arg.format(python=sys.executable, workdir=sandbox.workdir, env_dir=rollout.env.root)
-                for arg in self.config.command]
+        task_file.write_text(
+            json.dumps(
+                {
+                    "task_id": task.task_id,
+                    "prompt": task.prompt,
+                    "messages": rollout.prompt,
+                    "info": task.info,
+                }
+            )
+        )
+        argv = [
+            arg.format(python=sys.executable, workdir=sandbox.workdir, env_dir=rollout.env.root)
+            for arg in self.config.command
+        ]
         env = {
-            "OPENAI_BASE_URL": session.base_url, "OPENAI_API_KEY": "rlbus",
-            "ANTHROPIC_BASE_URL": session.anthropic_base_url, "ANTHROPIC_API_KEY": "rlbus",
-            "RLBUS_MODEL": session.server.backend.model, "RLBUS_TASK_FILE": str(task_file),
+            "OPENAI_BASE_URL": session.base_url,
+            "OPENAI_API_KEY": "rlbus",
+            "ANTHROPIC_BASE_URL": session.anthropic_base_url,
+            "ANTHROPIC_API_KEY": "rlbus",
+            "RLBUS_MODEL": session.server.backend.model,
+            "RLBUS_TASK_FILE": str(task_file),
             **self.config.env,
         }
         user = next((m for m in reversed(rollout.prompt) if m.get("role") == "user"), {})

@@ -32,16 +32,22 @@ def _strip_titles(schema: Any) -> Any:
 def python_tool(rule: Rule) -> tuple[dict[str, Any], Call]:
     """The OpenAI function schema of a @tool method, and a caller validating the model's arguments."""
     fields = {
-        p.name: (p.annotation if p.annotation is not inspect.Parameter.empty else Any,
-                 ... if p.default is inspect.Parameter.empty else p.default)
+        p.name: (
+            p.annotation if p.annotation is not inspect.Parameter.empty else Any,
+            ... if p.default is inspect.Parameter.empty else p.default,
+        )
         for p in rule.own
     }
     model = pydantic.create_model(f"{rule.name}_arguments", **fields)  # type: ignore[call-overload]
     doc = inspect.getdoc(rule.fn) or ""
-    schema = {"type": "function", "function": {
-        "name": rule.name, "description": doc.split("\n\n")[0],
-        "parameters": _strip_titles(model.model_json_schema()),
-    }}
+    schema = {
+        "type": "function",
+        "function": {
+            "name": rule.name,
+            "description": doc.split("\n\n")[0],
+            "parameters": _strip_titles(model.model_json_schema()),
+        },
+    }
 
     async def call(arguments: dict[str, Any], rollout: Rollout) -> str:
         parsed = model.model_validate(arguments)
@@ -56,7 +62,9 @@ async def mcp_tools(config: McpServerConfig) -> AsyncIterator[list[tuple[dict[st
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    params = StdioServerParameters(command=config.command[0], args=config.command[1:], env=config.env or None)
+    params = StdioServerParameters(
+        command=config.command[0], args=config.command[1:], env=config.env or None
+    )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         listed = await session.list_tools()
@@ -71,9 +79,20 @@ async def mcp_tools(config: McpServerConfig) -> AsyncIterator[list[tuple[dict[st
 
             return call
 
-        yield [({"type": "function", "function": {"name": t.name, "description": t.description or "",
-                                                   "parameters": t.input_schema}}, caller(t.name))
-               for t in listed.tools]
+        yield [
+            (
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description or "",
+                        "parameters": t.input_schema,
+                    },
+                },
+                caller(t.name),
+            )
+            for t in listed.tools
+        ]
 
 
 class ToolBox:
@@ -93,7 +112,7 @@ class ToolBox:
                 raise LookupError(f"no tool named {name!r}; tools: {sorted(self._calls)}")
             arguments = json.loads(function.get("arguments") or "{}")
             content = await call(arguments, rollout)
-        except Exception as exc:  # noqa: BLE001 - the model sees its mistake and may retry
+        except Exception as exc:
             content = f"error: {type(exc).__name__}: {exc}"
         return {"role": "tool", "tool_call_id": tool_call.get("id", ""), "content": content}
 

@@ -12,8 +12,8 @@ import openai
 from rlbus.producers.env.config import UserModelConfig
 from rlbus.producers.env.rules import Rule
 from rlbus.producers.harnesses.base import Rollout
-from rlbus.schemas.messages import text_of
 from rlbus.schemas import Messages
+from rlbus.schemas.messages import text_of
 
 
 class UserSimulator(Protocol):
@@ -36,8 +36,9 @@ _SWAP = {"user": "assistant", "assistant": "user"}
 class ModelUser:
     def __init__(self, config: UserModelConfig):
         self.config = config
-        self.client = openai.AsyncOpenAI(base_url=config.base_url,
-                                         api_key=os.environ.get(config.api_key_env) or "rlbus-local")
+        self.client = openai.AsyncOpenAI(
+            base_url=config.base_url, api_key=os.environ.get(config.api_key_env) or "rlbus-local"
+        )
 
     async def reply(self, rollout: Rollout, messages: Messages, turn: int) -> str | None:
         persona = rollout.task.info.get("user", "")
@@ -45,7 +46,8 @@ class ModelUser:
         # The simulator plays the user, so the conversation is shown to it with roles swapped.
         seen: list[dict[str, Any]] = [{"role": "system", "content": system}] + [
             {"role": _SWAP[m["role"]], "content": text_of(m.get("content"))}
-            for m in messages if m.get("role") in _SWAP and text_of(m.get("content"))
+            for m in messages
+            if m.get("role") in _SWAP and text_of(m.get("content"))
         ]
         response = await self.client.chat.completions.create(model=self.config.name, messages=seen)  # type: ignore[arg-type]
         text = (response.choices[0].message.content or "").strip()

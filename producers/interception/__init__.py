@@ -8,6 +8,18 @@ from rlbus.producers.interception.server import InterceptionServer, RolloutSessi
 from rlbus.producers.interception.trace import Trace
 
 __all__ = [
-    "Backend", "CallResult", "EvalBackend", "InterceptionServer", "ModelCall", "Prior", "RolloutSession",
-    "TokenBackend", "Trace", "TraceError", "UpstreamError", "branch_paths", "make_backend", "trace_samples",
+    "Backend",
+    "CallResult",
+    "EvalBackend",
+    "InterceptionServer",
+    "ModelCall",
+    "Prior",
+    "RolloutSession",
+    "TokenBackend",
+    "Trace",
+    "TraceError",
+    "UpstreamError",
+    "branch_paths",
+    "make_backend",
+    "trace_samples",
 ]

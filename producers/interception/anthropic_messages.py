@@ -8,8 +8,8 @@ from typing import Any
 
 from rlbus.producers.interception.calls import CallResult, ModelCall
 from rlbus.producers.interception.messages import Message, tool_call
-from rlbus.schemas.messages import text_of
 from rlbus.producers.interception.wire import BadRequest, Request, sse
+from rlbus.schemas.messages import text_of
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -25,8 +25,11 @@ def _messages(body: dict[str, Any]) -> list[Message]:
     for turn in body.get("messages") or []:
         role, blocks = turn.get("role"), _blocks(turn.get("content"))
         if role == "assistant":
-            calls = [tool_call(b["id"], b["name"], json.dumps(b.get("input") or {}))
-                     for b in blocks if b.get("type") == "tool_use"]
+            calls = [
+                tool_call(b["id"], b["name"], json.dumps(b.get("input") or {}))
+                for b in blocks
+                if b.get("type") == "tool_use"
+            ]
             text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
             message: Message = {"role": "assistant", "content": text or None}
             if calls:
@@ -35,8 +38,13 @@ def _messages(body: dict[str, Any]) -> list[Message]:
         elif role == "user":
             for block in blocks:
                 if block.get("type") == "tool_result":
-                    messages.append({"role": "tool", "tool_call_id": block["tool_use_id"],
-                                     "content": text_of(block.get("content"))})
+                    messages.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": block["tool_use_id"],
+                            "content": text_of(block.get("content")),
+                        }
+                    )
             text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
             if text or not any(b.get("type") == "tool_result" for b in blocks):
                 messages.append({"role": "user", "content": text})
@@ -49,9 +57,16 @@ def _messages(body: dict[str, Any]) -> list[Message]:
 
 def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     tools = [
-        {"type": "function", "function": {"name": t["name"], "description": t.get("description") or "",
-                                          "parameters": t.get("input_schema") or {"type": "object", "properties": {}}}}
-        for t in body.get("tools") or [] if "name" in t
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t.get("description") or "",
+                "parameters": t.get("input_schema") or {"type": "object", "properties": {}},
+            },
+        }
+        for t in body.get("tools") or []
+        if "name" in t
     ]
     return tools or None
 
@@ -63,9 +78,14 @@ class AnthropicMessages:
         if not isinstance(body.get("max_tokens"), int):
             raise BadRequest("max_tokens: field required")
         choice = (body.get("tool_choice") or {}).get("type")
-        call = ModelCall(messages=_messages(body), tools=None if choice == "none" else _tools(body),
-                         temperature=body.get("temperature"), top_p=body.get("top_p"),
-                         max_tokens=body["max_tokens"], stop=body.get("stop_sequences"))
+        call = ModelCall(
+            messages=_messages(body),
+            tools=None if choice == "none" else _tools(body),
+            temperature=body.get("temperature"),
+            top_p=body.get("top_p"),
+            max_tokens=body["max_tokens"],
+            stop=body.get("stop_sequences"),
+        )
         return Request(call, bool(body.get("stream")))
 
     @staticmethod
@@ -78,39 +98,79 @@ class AnthropicMessages:
                 arguments = json.loads(call["function"]["arguments"] or "{}")
             except json.JSONDecodeError:
                 arguments = {"_raw": call["function"]["arguments"]}
-            blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": arguments})
+            blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": call["id"],
+                    "name": call["function"]["name"],
+                    "input": arguments,
+                }
+            )
         return blocks
 
     @staticmethod
-    def _message(result: CallResult, response_id: str, content: list[dict[str, Any]], final: bool) -> dict[str, Any]:
+    def _message(
+        result: CallResult, response_id: str, content: list[dict[str, Any]], final: bool
+    ) -> dict[str, Any]:
         return {
-            "id": f"msg_{response_id}", "type": "message", "role": "assistant", "model": result.model,
-            "content": content, "stop_reason": _STOP_REASONS.get(result.finish_reason, "end_turn") if final else None,
+            "id": f"msg_{response_id}",
+            "type": "message",
+            "role": "assistant",
+            "model": result.model,
+            "content": content,
+            "stop_reason": _STOP_REASONS.get(result.finish_reason, "end_turn") if final else None,
             "stop_sequence": None,
-            "usage": {"input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens if final else 0},
+            "usage": {
+                "input_tokens": result.prompt_tokens,
+                "output_tokens": result.completion_tokens if final else 0,
+            },
         }
 
     def respond(self, request: Request, result: CallResult, response_id: str) -> dict[str, Any]:
         return self._message(result, response_id, self._content(result), final=True)
 
     def events(self, request: Request, result: CallResult, response_id: str) -> Iterator[bytes]:
-        yield sse({"type": "message_start", "message": self._message(result, response_id, [], final=False)},
-                  event="message_start")
+        yield sse(
+            {
+                "type": "message_start",
+                "message": self._message(result, response_id, [], final=False),
+            },
+            event="message_start",
+        )
         for index, block in enumerate(self._content(result)):
             if block["type"] == "text":
                 start, delta = {**block, "text": ""}, {"type": "text_delta", "text": block["text"]}
             else:
-                start, delta = {**block, "input": {}}, {"type": "input_json_delta",
-                                                       "partial_json": json.dumps(block["input"])}
-            yield sse({"type": "content_block_start", "index": index, "content_block": start},
-                      event="content_block_start")
-            yield sse({"type": "content_block_delta", "index": index, "delta": delta}, event="content_block_delta")
+                start, delta = (
+                    {**block, "input": {}},
+                    {"type": "input_json_delta", "partial_json": json.dumps(block["input"])},
+                )
+            yield sse(
+                {"type": "content_block_start", "index": index, "content_block": start},
+                event="content_block_start",
+            )
+            yield sse(
+                {"type": "content_block_delta", "index": index, "delta": delta},
+                event="content_block_delta",
+            )
             yield sse({"type": "content_block_stop", "index": index}, event="content_block_stop")
-        yield sse({"type": "message_delta",
-                   "delta": {"stop_reason": _STOP_REASONS.get(result.finish_reason, "end_turn"), "stop_sequence": None},
-                   "usage": {"output_tokens": result.completion_tokens}}, event="message_delta")
+        yield sse(
+            {
+                "type": "message_delta",
+                "delta": {
+                    "stop_reason": _STOP_REASONS.get(result.finish_reason, "end_turn"),
+                    "stop_sequence": None,
+                },
+                "usage": {"output_tokens": result.completion_tokens},
+            },
+            event="message_delta",
+        )
         yield sse({"type": "message_stop"}, event="message_stop")
 
     def error(self, status: int, message: str) -> dict[str, Any]:
-        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}.get(status, "api_error")
+        kind = {
+            400: "invalid_request_error",
+            401: "authentication_error",
+            404: "not_found_error",
+        }.get(status, "api_error")
         return {"type": "error", "error": {"type": kind, "message": message}}

@@ -38,23 +38,36 @@ class EvalBackend:
         # made 255-290 rollouts/s against an instant server, on aiohttp 380-430 (bench/eval.py),
         # and one client is enough (httpx needed four, its pool checking every connection on
         # each request).
-        self.client = openai.AsyncOpenAI(base_url=config.base_url, timeout=config.timeout_s,
-                                         api_key=os.environ.get(config.api_key_env) or "rlbus-local",
-                                         http_client=openai.DefaultAioHttpClient(timeout=config.timeout_s))
+        self.client = openai.AsyncOpenAI(
+            base_url=config.base_url,
+            timeout=config.timeout_s,
+            api_key=os.environ.get(config.api_key_env) or "rlbus-local",
+            http_client=openai.DefaultAioHttpClient(timeout=config.timeout_s),
+        )
 
     async def complete(self, call: ModelCall, prior: Prior | None) -> CallResult:
-        optional = {"tools": call.tools, "temperature": call.temperature, "top_p": call.top_p,
-                    "max_tokens": call.max_tokens, "stop": call.stop, "seed": call.seed,
-                    "logprobs": call.logprobs or None}
+        optional = {
+            "tools": call.tools,
+            "temperature": call.temperature,
+            "top_p": call.top_p,
+            "max_tokens": call.max_tokens,
+            "stop": call.stop,
+            "seed": call.seed,
+            "logprobs": call.logprobs or None,
+        }
         try:
             # The raw response skips building the client's pydantic models: the interception
             # server only needs a few fields, and parsing is most of the client's cost per call.
             raw = await self.client.chat.completions.with_raw_response.create(
-                model=self.model, messages=call.messages,  # type: ignore[arg-type]
-                **{k: v for k, v in optional.items() if v is not None})
+                model=self.model,
+                messages=call.messages,  # type: ignore[arg-type]
+                **{k: v for k, v in optional.items() if v is not None},
+            )
         except openai.APIStatusError as exc:
-            raise UpstreamError(f"upstream {self.client.base_url} answered {exc.status_code}: {exc.message}",
-                                exc.status_code) from exc
+            raise UpstreamError(
+                f"upstream {self.client.base_url} answered {exc.status_code}: {exc.message}",
+                exc.status_code,
+            ) from exc
         except openai.APIError as exc:
             raise UpstreamError(f"upstream {self.client.base_url} failed: {exc}") from exc
         body = msgspec.json.decode(raw.http_response.content)
@@ -63,9 +76,14 @@ class EvalBackend:
         message = assistant_message(raw_message.get("content"), raw_message.get("tool_calls"))
         usage = body.get("usage") or {}
         logprobs = [t["logprob"] for t in ((choice.get("logprobs") or {}).get("content") or [])]
-        return CallResult(message, _finish(choice.get("finish_reason"), message), body.get("model") or self.model,
-                          prompt_tokens=usage.get("prompt_tokens", 0),
-                          completion_tokens=usage.get("completion_tokens", 0), logprobs=logprobs)
+        return CallResult(
+            message,
+            _finish(choice.get("finish_reason"), message),
+            body.get("model") or self.model,
+            prompt_tokens=usage.get("prompt_tokens", 0),
+            completion_tokens=usage.get("completion_tokens", 0),
+            logprobs=logprobs,
+        )
 
     async def close(self) -> None:
         await self.client.close()
@@ -86,7 +104,9 @@ class TokenBackend:
     @staticmethod
     def _renderer(config: ModelConfig) -> Any:
         if not config.tokenizer:
-            raise ValueError("train mode needs model.tokenizer (a model directory or hub id) to render prompts")
+            raise ValueError(
+                "train mode needs model.tokenizer (a model directory or hub id) to render prompts"
+            )
         from transformers import AutoTokenizer
 
         from rlbus.consumers.inference.renderer import make_renderer
@@ -95,21 +115,36 @@ class TokenBackend:
 
     async def complete(self, call: ModelCall, prior: Prior | None) -> CallResult:
         if prior is not None:
-            prompt_ids = self.renderer.extend(prior.prompt_ids, prior.completion_ids, prior.new_messages,
-                                              tools=call.tools)
+            prompt_ids = self.renderer.extend(
+                prior.prompt_ids, prior.completion_ids, prior.new_messages, tools=call.tools
+            )
         else:
             prompt_ids = self.renderer.render(call.messages, tools=call.tools)
-        sampling = {"temperature": call.temperature, "top_p": call.top_p, "max_tokens": call.max_tokens,
-                    "stop": call.stop, "seed": call.seed}
+        sampling = {
+            "temperature": call.temperature,
+            "top_p": call.top_p,
+            "max_tokens": call.max_tokens,
+            "stop": call.stop,
+            "seed": call.seed,
+        }
         try:
-            out = await self.inference.generate(prompt_ids, {k: v for k, v in sampling.items() if v is not None})
+            out = await self.inference.generate(
+                prompt_ids, {k: v for k, v in sampling.items() if v is not None}
+            )
         except InferenceError as exc:
             raise UpstreamError(str(exc), exc.status) from exc
         message = self.renderer.parse(out.completion_ids, tools=call.tools, prompt_ids=prompt_ids)
-        return CallResult(message, _finish(out.finish_reason, message), self.model,
-                          prompt_tokens=len(prompt_ids), completion_tokens=len(out.completion_ids),
-                          prompt_ids=prompt_ids, completion_ids=out.completion_ids, logprobs=out.logprobs,
-                          policy_version=out.policy_version)
+        return CallResult(
+            message,
+            _finish(out.finish_reason, message),
+            self.model,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(out.completion_ids),
+            prompt_ids=prompt_ids,
+            completion_ids=out.completion_ids,
+            logprobs=out.logprobs,
+            policy_version=out.policy_version,
+        )
 
     async def close(self) -> None:
         await self.inference.close()

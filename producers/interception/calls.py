@@ -26,8 +26,11 @@ class ModelCall:
 
     def with_sampling(self, sampling: SamplingConfig) -> ModelCall:
         """The run's sampling settings win over the harness's wherever they are set."""
-        chosen = {name: getattr(sampling, name) for name in ("temperature", "top_p", "max_tokens", "stop", "seed")
-                  if getattr(sampling, name) is not None}
+        chosen = {
+            name: getattr(sampling, name)
+            for name in ("temperature", "top_p", "max_tokens", "stop", "seed")
+            if getattr(sampling, name) is not None
+        }
         return replace(self, **chosen, logprobs=self.logprobs or sampling.logprobs)
 
 

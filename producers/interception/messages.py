@@ -26,15 +26,28 @@ def _arguments(raw: Any) -> str:
 def canonical(message: Message) -> str:
     """A key equal for two renderings of the same turn."""
     calls = [
-        (c.get("function", {}).get("name", ""), _arguments(c.get("function", {}).get("arguments", "{}")))
+        (
+            c.get("function", {}).get("name", ""),
+            _arguments(c.get("function", {}).get("arguments", "{}")),
+        )
         for c in message.get("tool_calls") or []
     ]
-    key = [message.get("role", ""), text_of(message.get("content")), calls, message.get("tool_call_id") or ""]
+    key = [
+        message.get("role", ""),
+        text_of(message.get("content")),
+        calls,
+        message.get("tool_call_id") or "",
+    ]
     return json.dumps(key, separators=(",", ":"), ensure_ascii=False)
 
 
-def assistant_message(content: str | None, tool_calls: list[dict[str, Any]] | None = None) -> Message:
-    message: Message = {"role": "assistant", "content": content if content or not tool_calls else None}
+def assistant_message(
+    content: str | None, tool_calls: list[dict[str, Any]] | None = None
+) -> Message:
+    message: Message = {
+        "role": "assistant",
+        "content": content if content or not tool_calls else None,
+    }
     if tool_calls:
         message["tool_calls"] = tool_calls
     return message

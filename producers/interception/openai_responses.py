@@ -8,8 +8,8 @@ from typing import Any
 
 from rlbus.producers.interception.calls import CallResult, ModelCall
 from rlbus.producers.interception.messages import Message, tool_call
-from rlbus.schemas.messages import text_of
 from rlbus.producers.interception.wire import BadRequest, Request, sse
+from rlbus.schemas.messages import text_of
 
 _ROLES = {"developer": "system", "system": "system", "user": "user", "assistant": "assistant"}
 
@@ -34,14 +34,23 @@ def _messages(body: dict[str, Any]) -> list[Message]:
             call = tool_call(item["call_id"], item["name"], item.get("arguments", "{}"))
             last = messages[-1] if messages else None
             # Calls emitted in one response come back as separate items: one assistant turn.
-            if last is not None and last["role"] == "assistant" and (last.get("tool_calls") or not last.get("content")):
+            if (
+                last is not None
+                and last["role"] == "assistant"
+                and (last.get("tool_calls") or not last.get("content"))
+            ):
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": item["call_id"],
-                             "content": output if isinstance(output, str) else text_of(output)})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item["call_id"],
+                    "content": output if isinstance(output, str) else text_of(output),
+                }
+            )
         elif kind != "reasoning":
             raise BadRequest(f"unsupported input item type {kind!r}")
     return messages
@@ -49,9 +58,16 @@ def _messages(body: dict[str, Any]) -> list[Message]:
 
 def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     tools = [
-        {"type": "function", "function": {"name": t["name"], "description": t.get("description") or "",
-                                          "parameters": t.get("parameters") or {"type": "object", "properties": {}}}}
-        for t in body.get("tools") or [] if t.get("type") == "function"
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t.get("description") or "",
+                "parameters": t.get("parameters") or {"type": "object", "properties": {}},
+            },
+        }
+        for t in body.get("tools") or []
+        if t.get("type") == "function"
     ]
     return tools or None
 
@@ -60,9 +76,13 @@ class OpenAIResponses:
     name = "openai"
 
     def parse(self, body: dict[str, Any]) -> Request:
-        call = ModelCall(messages=_messages(body), tools=None if body.get("tool_choice") == "none" else _tools(body),
-                         temperature=body.get("temperature"), top_p=body.get("top_p"),
-                         max_tokens=body.get("max_output_tokens"))
+        call = ModelCall(
+            messages=_messages(body),
+            tools=None if body.get("tool_choice") == "none" else _tools(body),
+            temperature=body.get("temperature"),
+            top_p=body.get("top_p"),
+            max_tokens=body.get("max_output_tokens"),
+        )
         return Request(call, bool(body.get("stream")))
 
     @staticmethod
@@ -70,29 +90,61 @@ class OpenAIResponses:
         items: list[dict[str, Any]] = []
         content = result.message.get("content")
         if content:
-            items.append({"type": "message", "id": f"msg_{response_id}", "status": "completed", "role": "assistant",
-                          "content": [{"type": "output_text", "text": content, "annotations": [], "logprobs": []}]})
+            items.append(
+                {
+                    "type": "message",
+                    "id": f"msg_{response_id}",
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [
+                        {"type": "output_text", "text": content, "annotations": [], "logprobs": []}
+                    ],
+                }
+            )
         for i, call in enumerate(result.message.get("tool_calls") or []):
-            items.append({"type": "function_call", "id": f"fc_{response_id}_{i}", "call_id": call["id"],
-                          "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-                          "status": "completed"})
+            items.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{response_id}_{i}",
+                    "call_id": call["id"],
+                    "name": call["function"]["name"],
+                    "arguments": call["function"]["arguments"],
+                    "status": "completed",
+                }
+            )
         return items
 
-    def _response(self, request: Request, result: CallResult | None, response_id: str) -> dict[str, Any]:
+    def _response(
+        self, request: Request, result: CallResult | None, response_id: str
+    ) -> dict[str, Any]:
         done = result is not None
         incomplete = done and result.finish_reason == "length"
         return {
-            "id": f"resp_{response_id}", "object": "response", "created_at": int(time.time()),
+            "id": f"resp_{response_id}",
+            "object": "response",
+            "created_at": int(time.time()),
             "status": ("incomplete" if incomplete else "completed") if done else "in_progress",
-            "model": result.model if result else "", "output": self._items(result, response_id) if result else [],
+            "model": result.model if result else "",
+            "output": self._items(result, response_id) if result else [],
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "error": None, "instructions": None, "metadata": {}, "parallel_tool_calls": True,
-            "temperature": request.call.temperature, "top_p": request.call.top_p, "tool_choice": "auto",
-            "tools": [], "text": {"format": {"type": "text"}},
-            "usage": {"input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens,
-                      "total_tokens": result.prompt_tokens + result.completion_tokens,
-                      "input_tokens_details": {"cached_tokens": 0},
-                      "output_tokens_details": {"reasoning_tokens": 0}} if result else None,
+            "error": None,
+            "instructions": None,
+            "metadata": {},
+            "parallel_tool_calls": True,
+            "temperature": request.call.temperature,
+            "top_p": request.call.top_p,
+            "tool_choice": "auto",
+            "tools": [],
+            "text": {"format": {"type": "text"}},
+            "usage": {
+                "input_tokens": result.prompt_tokens,
+                "output_tokens": result.completion_tokens,
+                "total_tokens": result.prompt_tokens + result.completion_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0},
+            }
+            if result
+            else None,
         }
 
     def respond(self, request: Request, result: CallResult, response_id: str) -> dict[str, Any]:
@@ -108,20 +160,41 @@ class OpenAIResponses:
         for index, item in enumerate(self._items(result, response_id)):
             where = {"item_id": item["id"], "output_index": index}
             if item["type"] == "message":
-                yield event("response.output_item.added", output_index=index,
-                            item={**item, "status": "in_progress", "content": []})
+                yield event(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "status": "in_progress", "content": []},
+                )
                 part = item["content"][0]
                 text = part["text"]
-                yield event("response.content_part.added", **where, content_index=0, part={**part, "text": ""})
-                yield event("response.output_text.delta", **where, content_index=0, delta=text, logprobs=[])
-                yield event("response.output_text.done", **where, content_index=0, text=text, logprobs=[])
+                yield event(
+                    "response.content_part.added",
+                    **where,
+                    content_index=0,
+                    part={**part, "text": ""},
+                )
+                yield event(
+                    "response.output_text.delta", **where, content_index=0, delta=text, logprobs=[]
+                )
+                yield event(
+                    "response.output_text.done", **where, content_index=0, text=text, logprobs=[]
+                )
                 yield event("response.content_part.done", **where, content_index=0, part=part)
             else:
-                yield event("response.output_item.added", output_index=index,
-                            item={**item, "status": "in_progress", "arguments": ""})
-                yield event("response.function_call_arguments.delta", **where, delta=item["arguments"])
-                yield event("response.function_call_arguments.done", **where, arguments=item["arguments"],
-                            name=item["name"])
+                yield event(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "status": "in_progress", "arguments": ""},
+                )
+                yield event(
+                    "response.function_call_arguments.delta", **where, delta=item["arguments"]
+                )
+                yield event(
+                    "response.function_call_arguments.done",
+                    **where,
+                    arguments=item["arguments"],
+                    name=item["name"],
+                )
             yield event("response.output_item.done", output_index=index, item=item)
         yield event("response.completed", response=self._response(request, result, response_id))
 

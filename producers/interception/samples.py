@@ -9,8 +9,8 @@ from collections.abc import Iterable
 import numpy as np
 
 from rlbus.schemas import TokenRecord, TraceNode, TrainSample
-from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 from rlbus.schemas.packed import logprobs as unpack_logprobs
+from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 from rlbus.schemas.packed import tokens as unpack_tokens
 
 
@@ -30,15 +30,18 @@ def branch_paths(nodes: Iterable[TraceNode]) -> dict[str, list[TraceNode]]:
         while path[-1].parent_id:
             parent = by_id.get(path[-1].parent_id)
             if parent is None:
-                raise TraceError(f"node {path[-1].node_id} of rollout {tip.rollout_id} names a missing parent "
-                                 f"{path[-1].parent_id}")
+                raise TraceError(
+                    f"node {path[-1].node_id} of rollout {tip.rollout_id} names a missing parent "
+                    f"{path[-1].parent_id}"
+                )
             path.append(parent)
         paths[branch] = path[::-1]
     return paths
 
 
-def trace_samples(nodes: Iterable[TraceNode], records: Iterable[TokenRecord],
-                  advantage: float = 0.0) -> list[TrainSample]:
+def trace_samples(
+    nodes: Iterable[TraceNode], records: Iterable[TokenRecord], advantage: float = 0.0
+) -> list[TrainSample]:
     """Training samples of one rollout's trace; `advantage` fills the per-token advantages under
     the mask (the orchestrator's algorithm decides it)."""
     by_call = {r.call_index: r for r in records}
@@ -54,22 +57,28 @@ def trace_samples(nodes: Iterable[TraceNode], records: Iterable[TokenRecord],
             if own:
                 record = by_call.get(node.call_index)
                 if record is None:
-                    raise TraceError(f"rollout {node.rollout_id}: no token record for call {node.call_index}")
+                    raise TraceError(
+                        f"rollout {node.rollout_id}: no token record for call {node.call_index}"
+                    )
                 node_lps = unpack_logprobs(record.logprobs)
                 if len(node_lps) != len(node_ids):
-                    raise TraceError(f"rollout {node.rollout_id} call {node.call_index}: {len(node_ids)} sampled "
-                                     f"ids but {len(node_lps)} log-probs")
+                    raise TraceError(
+                        f"rollout {node.rollout_id} call {node.call_index}: {len(node_ids)} sampled "
+                        f"ids but {len(node_lps)} log-probs"
+                    )
                 lps.append(node_lps)
                 versions.append(record.policy_version)
             else:
                 lps.append(np.zeros(len(node_ids), dtype=np.float32))
         all_mask = np.concatenate(mask) if mask else np.zeros(0, np.uint8)
-        samples.append(TrainSample(
-            rollout_id=path[-1].rollout_id,
-            input_ids=pack_tokens(np.concatenate(ids) if ids else []),
-            loss_mask=pack_mask(all_mask),
-            advantages=pack_logprobs(all_mask.astype(np.float32) * advantage),
-            inference_logprobs=pack_logprobs(np.concatenate(lps) if lps else []),
-            policy_version=min(versions, default=0),
-        ))
+        samples.append(
+            TrainSample(
+                rollout_id=path[-1].rollout_id,
+                input_ids=pack_tokens(np.concatenate(ids) if ids else []),
+                loss_mask=pack_mask(all_mask),
+                advantages=pack_logprobs(all_mask.astype(np.float32) * advantage),
+                inference_logprobs=pack_logprobs(np.concatenate(lps) if lps else []),
+                policy_version=min(versions, default=0),
+            )
+        )
     return samples

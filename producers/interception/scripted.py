@@ -65,30 +65,56 @@ def _completion(body: dict[str, Any], reply: Reply, model: str) -> dict[str, Any
     if reply.get("tool_calls"):
         message["tool_calls"] = reply["tool_calls"]
     choice: dict[str, Any] = {
-        "index": 0, "message": message,
-        "finish_reason": reply.get("finish_reason") or ("tool_calls" if reply.get("tool_calls") else "stop"),
+        "index": 0,
+        "message": message,
+        "finish_reason": reply.get("finish_reason")
+        or ("tool_calls" if reply.get("tool_calls") else "stop"),
     }
     if body.get("logprobs"):
-        choice["logprobs"] = {"content": [{"token": ch, "logprob": -0.5, "bytes": list(ch.encode()),
-                                           "top_logprobs": []} for ch in (reply.get("content") or "")]}
+        choice["logprobs"] = {
+            "content": [
+                {"token": ch, "logprob": -0.5, "bytes": list(ch.encode()), "top_logprobs": []}
+                for ch in (reply.get("content") or "")
+            ]
+        }
     return {
-        "id": f"chatcmpl-{time.monotonic_ns()}", "object": "chat.completion", "created": int(time.time()),
-        "model": model, "choices": [choice],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+        "id": f"chatcmpl-{time.monotonic_ns()}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
     }
 
 
 def _chunks(completion: dict[str, Any]) -> Iterator[bytes]:
     choice = completion["choices"][0]
-    base = {k: completion[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    base = {k: completion[k] for k in ("id", "created", "model")} | {
+        "object": "chat.completion.chunk"
+    }
     delta = {"role": "assistant", "content": choice["message"]["content"]}
     if choice["message"].get("tool_calls"):
-        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(choice["message"]["tool_calls"])]
-    for payload in ({"delta": delta, "finish_reason": None},
-                    {"delta": {}, "finish_reason": choice["finish_reason"]}):
-        yield b"data: " + msgspec.json.encode({**base, "choices": [{"index": 0, **payload}]}) + b"\n\n"
-    yield b"data: " + msgspec.json.encode({**base, "choices": [], "usage": completion["usage"]}) + b"\n\n"
+        delta["tool_calls"] = [
+            {"index": i, **c} for i, c in enumerate(choice["message"]["tool_calls"])
+        ]
+    for payload in (
+        {"delta": delta, "finish_reason": None},
+        {"delta": {}, "finish_reason": choice["finish_reason"]},
+    ):
+        yield (
+            b"data: "
+            + msgspec.json.encode({**base, "choices": [{"index": 0, **payload}]})
+            + b"\n\n"
+        )
+    yield (
+        b"data: "
+        + msgspec.json.encode({**base, "choices": [], "usage": completion["usage"]})
+        + b"\n\n"
+    )
     yield b"data: [DONE]\n\n"
 
 
@@ -111,20 +137,35 @@ class _App:
         status, body = await self._route(scope["method"], scope["path"], raw)
         if isinstance(body, bytes | dict):
             data = body if isinstance(body, bytes) else msgspec.json.encode(body)
-            await send({"type": "http.response.start", "status": status,
-                        "headers": [(b"content-type", b"application/json")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
             await send({"type": "http.response.body", "body": data})
             return
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
         async for chunk in body:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
-    async def _route(self, method: str, path: str, raw: bytes) -> tuple[int, dict[str, Any] | bytes | AsyncIterator[bytes]]:
+    async def _route(
+        self, method: str, path: str, raw: bytes
+    ) -> tuple[int, dict[str, Any] | bytes | AsyncIterator[bytes]]:
         s = self.s
         if method == "GET" and path.endswith("/models"):
-            return 200, {"object": "list", "data": [{"id": s.model, "object": "model", "created": 0, "owned_by": "rlbus"}]}
+            return 200, {
+                "object": "list",
+                "data": [{"id": s.model, "object": "model", "created": 0, "owned_by": "rlbus"}],
+            }
         if method != "POST":
             return 404, {"error": {"message": f"no route {method} {path}"}}
         body = msgspec.json.decode(raw)
@@ -145,9 +186,15 @@ class _App:
             return 200, stream()
         if path.endswith("/generate"):
             ids = s.tokens(body["prompt_ids"])
-            return 200, {"completion_ids": ids, "logprobs": [-0.25] * len(ids), "finish_reason": "stop",
-                         "prompt_tokens": len(body["prompt_ids"]), "policy_version": s.policy_version,
-                         "min_policy_version": s.policy_version, "max_policy_version": s.policy_version}
+            return 200, {
+                "completion_ids": ids,
+                "logprobs": [-0.25] * len(ids),
+                "finish_reason": "stop",
+                "prompt_tokens": len(body["prompt_ids"]),
+                "policy_version": s.policy_version,
+                "min_policy_version": s.policy_version,
+                "max_policy_version": s.policy_version,
+            }
         return 404, {"error": {"message": f"no route {method} {path}"}}
 
 
@@ -159,9 +206,19 @@ class ThreadedServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._start_timeout_s = start_timeout_s
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                     lifespan=lifespan, access_log=False))
-        self._thread = threading.Thread(target=self._server.run, daemon=True, name="threaded-server")
+        self._server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host="127.0.0.1",
+                port=self.port,
+                log_level="warning",
+                lifespan=lifespan,
+                access_log=False,
+            )
+        )
+        self._thread = threading.Thread(
+            target=self._server.run, daemon=True, name="threaded-server"
+        )
 
     def __enter__(self) -> ThreadedServer:
         self._thread.start()
@@ -174,7 +231,9 @@ class ThreadedServer:
 
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
-        self._server.force_exit = True  # requests still in flight (a slow script) are not waited for
+        self._server.force_exit = (
+            True  # requests still in flight (a slow script) are not waited for
+        )
         with contextlib.suppress(RuntimeError):
             self._thread.join(10)
 
@@ -195,13 +254,23 @@ def _load(spec: str) -> Any:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Serve a scripted OpenAI-compatible model on 127.0.0.1.")
+    parser = argparse.ArgumentParser(
+        description="Serve a scripted OpenAI-compatible model on 127.0.0.1."
+    )
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--chat", default=f"{__name__}:reverse_task_word", help="module:function replying to chats")
+    parser.add_argument(
+        "--chat", default=f"{__name__}:reverse_task_word", help="module:function replying to chats"
+    )
     args = parser.parse_args()
     scripted = ScriptedModel(chat=_load(args.chat), record=False)
-    uvicorn.run(_App(scripted), host="127.0.0.1", port=args.port, log_level="warning",
-                lifespan="off", access_log=False)
+    uvicorn.run(
+        _App(scripted),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
+    )
 
 
 if __name__ == "__main__":

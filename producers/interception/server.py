@@ -34,8 +34,11 @@ from rlbus.producers.interception.openai_responses import OpenAIResponses
 from rlbus.producers.interception.trace import Trace
 from rlbus.producers.interception.wire import BadRequest, WireFormat
 
-WIRES: dict[str, WireFormat] = {"chat/completions": OpenAIChat(), "responses": OpenAIResponses(),
-                                "messages": AnthropicMessages()}
+WIRES: dict[str, WireFormat] = {
+    "chat/completions": OpenAIChat(),
+    "responses": OpenAIResponses(),
+    "messages": AnthropicMessages(),
+}
 
 
 class RolloutSession:
@@ -56,15 +59,24 @@ class RolloutSession:
         server = self.server
         call = call.with_sampling(server.sampling)
         plan = self.trace.plan(call.messages)
-        requested = {"gen_ai.request.temperature": call.temperature, "gen_ai.request.top_p": call.top_p,
-                     "gen_ai.request.max_tokens": call.max_tokens, "gen_ai.request.seed": call.seed}
+        requested = {
+            "gen_ai.request.temperature": call.temperature,
+            "gen_ai.request.top_p": call.top_p,
+            "gen_ai.request.max_tokens": call.max_tokens,
+            "gen_ai.request.seed": call.seed,
+        }
         attributes: dict[str, Any] = {
-            "gen_ai.operation.name": "chat", "gen_ai.provider.name": provider,
-            "gen_ai.request.model": server.backend.model, "rlbus.rollout_id": self.rollout_id,
-            "rlbus.branch_id": plan.branch, "rlbus.mode": server.backend.mode,
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": provider,
+            "gen_ai.request.model": server.backend.model,
+            "rlbus.rollout_id": self.rollout_id,
+            "rlbus.branch_id": plan.branch,
+            "rlbus.mode": server.backend.mode,
             **{k: v for k, v in requested.items() if v is not None},
         }
-        with telemetry.span(f"chat {server.backend.model}", SpanKind.CLIENT, attributes=attributes) as span:
+        with telemetry.span(
+            f"chat {server.backend.model}", SpanKind.CLIENT, attributes=attributes
+        ) as span:
             try:
                 result = await server.backend.complete(call, plan.prior)
             except BaseException:
@@ -72,15 +84,21 @@ class RolloutSession:
                 raise
             recorded = self.trace.commit(plan, call.messages, result)
             if span is not None:
-                span.set_attributes({
-                    "gen_ai.response.model": result.model, "gen_ai.response.finish_reasons": [result.finish_reason],
-                    "gen_ai.usage.input_tokens": result.prompt_tokens,
-                    "gen_ai.usage.output_tokens": result.completion_tokens,
-                    "rlbus.call_index": recorded.index, "rlbus.policy_version": result.policy_version,
-                })
+                span.set_attributes(
+                    {
+                        "gen_ai.response.model": result.model,
+                        "gen_ai.response.finish_reasons": [result.finish_reason],
+                        "gen_ai.usage.input_tokens": result.prompt_tokens,
+                        "gen_ai.usage.output_tokens": result.completion_tokens,
+                        "rlbus.call_index": recorded.index,
+                        "rlbus.policy_version": result.policy_version,
+                    }
+                )
         return result
 
-    async def chat(self, messages: list[dict[str, Any]], tools: Tools = None, **sampling: Any) -> CallResult:
+    async def chat(
+        self, messages: list[dict[str, Any]], tools: Tools = None, **sampling: Any
+    ) -> CallResult:
         return await self.complete(ModelCall(messages=messages, tools=tools, **sampling))
 
 
@@ -91,8 +109,13 @@ def _json(body: Any, status: int = 200) -> Response:
 class InterceptionServer:
     """`async with InterceptionServer(backend, sampling) as server:` then `server.session(rollout_id)`."""
 
-    def __init__(self, backend: Backend, sampling: SamplingConfig | None = None, host: str = "127.0.0.1",
-                 port: int = 0):
+    def __init__(
+        self,
+        backend: Backend,
+        sampling: SamplingConfig | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ):
         self.backend = backend
         self.sampling = sampling or SamplingConfig()
         self.sessions: dict[str, RolloutSession] = {}
@@ -100,12 +123,20 @@ class InterceptionServer:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.url = f"http://{host}:{self._socket.getsockname()[1]}"
-        app = Starlette(routes=[
-            Route("/r/{token}/v1/models", self._models, methods=["GET"]),
-            Route("/r/{token}/v1/{route:path}", self._call, methods=["POST"]),
-        ])
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2, backlog=4096)
+        app = Starlette(
+            routes=[
+                Route("/r/{token}/v1/models", self._models, methods=["GET"]),
+                Route("/r/{token}/v1/{route:path}", self._call, methods=["POST"]),
+            ]
+        )
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+            backlog=4096,
+        )
         config.load()
         self._server = uvicorn.Server(config)
         # Serve inside the caller's event loop without uvicorn's own signal handling, which
@@ -132,18 +163,42 @@ class InterceptionServer:
 
     async def _models(self, request: Request) -> Response:
         if request.path_params["token"] not in self.sessions:
-            return _json({"error": {"message": "unknown or finished rollout", "type": "authentication_error"}}, 401)
-        return _json({"object": "list", "data": [{"id": self.backend.model, "object": "model", "created": 0,
-                                                  "owned_by": "rlbus"}]})
+            return _json(
+                {
+                    "error": {
+                        "message": "unknown or finished rollout",
+                        "type": "authentication_error",
+                    }
+                },
+                401,
+            )
+        return _json(
+            {
+                "object": "list",
+                "data": [
+                    {"id": self.backend.model, "object": "model", "created": 0, "owned_by": "rlbus"}
+                ],
+            }
+        )
 
     async def _call(self, request: Request) -> Response:
         wire = WIRES.get(request.path_params["route"])
         if wire is None:
-            return _json({"error": {"message": f"no endpoint /v1/{request.path_params['route']}; served: "
-                                               f"{', '.join('/v1/' + r for r in WIRES)}", "type": "not_found"}}, 404)
+            return _json(
+                {
+                    "error": {
+                        "message": f"no endpoint /v1/{request.path_params['route']}; served: "
+                        f"{', '.join('/v1/' + r for r in WIRES)}",
+                        "type": "not_found",
+                    }
+                },
+                404,
+            )
         session = self.sessions.get(request.path_params["token"])
         if session is None:
-            return _json(wire.error(401, "unknown or finished rollout: this URL is no longer served"), 401)
+            return _json(
+                wire.error(401, "unknown or finished rollout: this URL is no longer served"), 401
+            )
         try:
             parsed = wire.parse(msgspec.json.decode(await request.body()))
         except (BadRequest, msgspec.DecodeError, KeyError, TypeError, AttributeError) as exc:
@@ -152,9 +207,11 @@ class InterceptionServer:
             result = await session.complete(parsed.call, wire.name)
         except UpstreamError as exc:
             return _json(wire.error(exc.status, str(exc)), exc.status)
-        except Exception as exc:  # noqa: BLE001 - the harness's client must get an answer, not a hang
+        except Exception as exc:
             return _json(wire.error(500, f"{type(exc).__name__}: {exc}"), 500)
         response_id = uuid.uuid4().hex
         if parsed.stream:
-            return StreamingResponse(wire.events(parsed, result, response_id), media_type="text/event-stream")
+            return StreamingResponse(
+                wire.events(parsed, result, response_id), media_type="text/event-stream"
+            )
         return _json(wire.respond(parsed, result, response_id))

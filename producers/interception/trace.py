@@ -83,10 +83,14 @@ class Trace:
         found = self._claimable_tip(messages)
         if found is not None:
             tip, depth = found
-            self.tips[tip.branch] = None  # claimed: a concurrent call from here starts its own branch
+            self.tips[tip.branch] = (
+                None  # claimed: a concurrent call from here starts its own branch
+            )
             assert tip.call is not None
             result = tip.call.result
-            return Plan(tip.branch, Prior(result.prompt_ids, result.completion_ids, messages[depth:]), tip)
+            return Plan(
+                tip.branch, Prior(result.prompt_ids, result.completion_ids, messages[depth:]), tip
+            )
         branch = MAIN if not self.tips else f"b{len(self.tips)}"
         self.tips[branch] = None
         return Plan(branch, None, None)
@@ -110,7 +114,7 @@ class Trace:
             if len(path) == len(messages):
                 return
             for node in level.get(canonical(messages[len(path)]), ()):
-                if ids[used:used + len(node.token_ids)] == node.token_ids:
+                if ids[used : used + len(node.token_ids)] == node.token_ids:
                     walk(node.children, [*path, node], used + len(node.token_ids))
 
         walk(self.roots, [], 0)
@@ -120,7 +124,9 @@ class Trace:
             used -= len(path.pop().token_ids)
         return path, used
 
-    def _add(self, parent: Node | None, message: Message, branch: str, token_ids: list[int]) -> Node:
+    def _add(
+        self, parent: Node | None, message: Message, branch: str, token_ids: list[int]
+    ) -> Node:
         node = Node(len(self.nodes), parent, branch, message, canonical(message), token_ids)
         (parent.children if parent else self.roots).setdefault(node.key, []).append(node)
         self.nodes.append(node)
@@ -128,7 +134,7 @@ class Trace:
 
     def commit(self, plan: Plan, messages: list[Message], result: CallResult) -> Call:
         path, used = self._shared_path(messages, result.prompt_ids)
-        rest = messages[len(path):]
+        rest = messages[len(path) :]
         delta = result.prompt_ids[used:]
         parent = path[-1] if path else None
         for i, message in enumerate(rest):
@@ -144,7 +150,9 @@ class Trace:
         """What the branch added after its first call's prompt: sampled turns and the context between."""
         tip = self.tips.get(branch)
         chain: list[Message] = []
-        first_sampled = next((n for n in self.nodes if n.branch == branch and n.call is not None), None)
+        first_sampled = next(
+            (n for n in self.nodes if n.branch == branch and n.call is not None), None
+        )
         while tip is not None:
             chain.append(tip.message)
             if tip is first_sampled:
@@ -156,20 +164,35 @@ class Trace:
         """The trace as events, with ids derived from the rollout (a re-run republishes the same ids)."""
         node_ids = {n.index: derived_id(self.rollout_id, "node", n.index) for n in self.nodes}
         nodes = [
-            TraceNode(event_id=derived_id(node_ids[n.index], "event"), node_id=node_ids[n.index],
-                      rollout_id=self.rollout_id, parent_id=node_ids[n.parent.index] if n.parent else "",
-                      branch_id=n.branch, index=n.index, role=n.message.get("role", ""), message=n.message,
-                      token_ids=pack_tokens(n.token_ids), sampled=n.call is not None,
-                      call_index=n.call.index if n.call else -1)
+            TraceNode(
+                event_id=derived_id(node_ids[n.index], "event"),
+                node_id=node_ids[n.index],
+                rollout_id=self.rollout_id,
+                parent_id=node_ids[n.parent.index] if n.parent else "",
+                branch_id=n.branch,
+                index=n.index,
+                role=n.message.get("role", ""),
+                message=n.message,
+                token_ids=pack_tokens(n.token_ids),
+                sampled=n.call is not None,
+                call_index=n.call.index if n.call else -1,
+            )
             for n in self.nodes
         ]
         records = [
-            TokenRecord(event_id=derived_id(self.rollout_id, "tokens", c.index), rollout_id=self.rollout_id,
-                        group_id=group_id, call_index=c.index, node_id=node_ids[c.node.index] if c.node else "",
-                        model=c.result.model, prompt_ids=pack_tokens(c.result.prompt_ids),
-                        completion_ids=pack_tokens(c.result.completion_ids),
-                        logprobs=pack_logprobs(c.result.logprobs), policy_version=c.result.policy_version,
-                        finish_reason=c.result.finish_reason)
+            TokenRecord(
+                event_id=derived_id(self.rollout_id, "tokens", c.index),
+                rollout_id=self.rollout_id,
+                group_id=group_id,
+                call_index=c.index,
+                node_id=node_ids[c.node.index] if c.node else "",
+                model=c.result.model,
+                prompt_ids=pack_tokens(c.result.prompt_ids),
+                completion_ids=pack_tokens(c.result.completion_ids),
+                logprobs=pack_logprobs(c.result.logprobs),
+                policy_version=c.result.policy_version,
+                finish_reason=c.result.finish_reason,
+            )
             for c in self.calls
         ]
         return nodes, records
@@ -179,6 +202,7 @@ class Trace:
         return {
             "prompt_tokens": sum(c.result.prompt_tokens for c in self.calls),
             "completion_tokens": sum(c.result.completion_tokens for c in self.calls),
-            "min_policy_version": min(versions), "max_policy_version": max(versions),
+            "min_policy_version": min(versions),
+            "max_policy_version": max(versions),
             "num_turns": len(self.calls),
         }

@@ -7,8 +7,19 @@ from rlbus.producers.runtimes.local import LocalRuntime, SubprocessRuntime
 
 
 def make_runtime(config: RuntimeConfig) -> Runtime:
-    return {"local": LocalRuntime, "subprocess": SubprocessRuntime, "docker": DockerRuntime}[config.kind](config)
+    return {"local": LocalRuntime, "subprocess": SubprocessRuntime, "docker": DockerRuntime}[
+        config.kind
+    ](config)
 
 
-__all__ = ["DockerRuntime", "ExecResult", "LocalRuntime", "Runtime", "Sandbox", "SubprocessRuntime",
-           "docker_problem", "make_runtime", "run_process"]
+__all__ = [
+    "DockerRuntime",
+    "ExecResult",
+    "LocalRuntime",
+    "Runtime",
+    "Sandbox",
+    "SubprocessRuntime",
+    "docker_problem",
+    "make_runtime",
+    "run_process",
+]

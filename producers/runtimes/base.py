@@ -37,7 +37,9 @@ class ExecResult:
 class Sandbox(Protocol):
     workdir: Path
 
-    async def run(self, argv: list[str], env: dict[str, str], stdin: bytes | None = None) -> ExecResult: ...
+    async def run(
+        self, argv: list[str], env: dict[str, str], stdin: bytes | None = None
+    ) -> ExecResult: ...
 
 
 class Runtime(Protocol):
@@ -59,15 +61,23 @@ def _limits(memory_mb: int | None, cpu_s: int | None) -> Callable[[], None] | No
     return apply
 
 
-def _classify(code: int | None, stderr: str, config: RuntimeConfig, timed_out: bool) -> tuple[str, str]:
+def _classify(
+    code: int | None, stderr: str, config: RuntimeConfig, timed_out: bool
+) -> tuple[str, str]:
     limit = f"{config.timeout_s:g}s"
     if timed_out:
         return "timeout", f"killed after exceeding its {limit} time limit"
     if code == 0:
         return "", ""
-    if config.memory_mb is not None and (any(s in stderr for s in _MEMORY_SIGNS) or code in (-signal.SIGKILL, 137)):
+    if config.memory_mb is not None and (
+        any(s in stderr for s in _MEMORY_SIGNS) or code in (-signal.SIGKILL, 137)
+    ):
         return "memory", f"exceeded its {config.memory_mb} MiB memory limit (exit {code})"
-    if config.cpu_s is not None and code in (-signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGXCPU):
+    if config.cpu_s is not None and code in (
+        -signal.SIGXCPU,
+        -signal.SIGKILL,
+        128 + signal.SIGXCPU,
+    ):
         return "cpu", f"exceeded its {config.cpu_s} CPU-second limit (exit {code})"
     if code is not None and code < 0:
         return "signal", f"killed by signal {signal.Signals(-code).name}"
@@ -81,18 +91,31 @@ async def _drain(stream: asyncio.StreamReader | None, into: bytearray) -> None:
             del into[:-TAIL]  # only the tail is ever reported
 
 
-async def run_process(argv: list[str], *, env: dict[str, str], cwd: Path, config: RuntimeConfig,
-                      stdin: bytes | None = None, limited: bool = False,
-                      on_timeout: Callable[[], Awaitable[object]] | None = None) -> ExecResult:
+async def run_process(
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    cwd: Path,
+    config: RuntimeConfig,
+    stdin: bytes | None = None,
+    limited: bool = False,
+    on_timeout: Callable[[], Awaitable[object]] | None = None,
+) -> ExecResult:
     """Run argv in its own process group; on timeout kill the whole group. `limited` applies the
     config's memory and CPU limits to the process itself (the docker runtime passes them to the
     container instead)."""
     started = time.monotonic()
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=cwd, env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True,
-            preexec_fn=_limits(config.memory_mb, config.cpu_s) if limited else None)
+            *argv,
+            cwd=cwd,
+            env=env,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_limits(config.memory_mb, config.cpu_s) if limited else None,
+        )
     except OSError as exc:
         return ExecResult(None, "", str(exc), 0.0, "exit", f"cannot start {argv[0]!r}: {exc}")
     out, err = bytearray(), bytearray()
@@ -123,8 +146,14 @@ async def run_process(argv: list[str], *, env: dict[str, str], cwd: Path, config
     kind, message = _classify(proc.returncode, stderr, config, timed_out)
     if kind and stderr.strip():
         message += f"; stderr tail:\n{stderr[-1500:]}"
-    return ExecResult(proc.returncode, stdout, stderr, time.monotonic() - started, kind,
-                      f"{argv[0]} {message}" if kind else "")
+    return ExecResult(
+        proc.returncode,
+        stdout,
+        stderr,
+        time.monotonic() - started,
+        kind,
+        f"{argv[0]} {message}" if kind else "",
+    )
 
 
 class Workdir:

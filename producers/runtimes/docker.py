@@ -22,8 +22,13 @@ def docker_problem() -> str | None:
     if shutil.which("docker") is None:
         return "no docker CLI on PATH"
     try:
-        done = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
-                              text=True, timeout=10, check=False)
+        done = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"`docker info` failed: {exc}"
     if done.returncode != 0:
@@ -40,23 +45,62 @@ class DockerSandbox:
     def workdir(self) -> Path:
         return self.directory.path
 
-    async def run(self, argv: list[str], env: dict[str, str], stdin: bytes | None = None) -> ExecResult:
+    async def run(
+        self, argv: list[str], env: dict[str, str], stdin: bytes | None = None
+    ) -> ExecResult:
         name = f"rlbus-{uuid.uuid4().hex[:12]}"
-        limits = [*(["--memory", f"{self.config.memory_mb}m", "--memory-swap", f"{self.config.memory_mb}m"]
-                    if self.config.memory_mb else []),
-                  *(["--cpus", str(self.config.cpu_s)] if self.config.cpu_s else [])]
-        run = ["docker", "run", "--rm", "-i", "--name", name, "--network", "host", "-v", f"{self.workdir}:/work",
-               "-w", "/work", *limits, *[a for k, v in env.items() for a in ("-e", f"{k}={v}")],
-               *self.config.docker_args, self.config.image, *argv]
+        limits = [
+            *(
+                [
+                    "--memory",
+                    f"{self.config.memory_mb}m",
+                    "--memory-swap",
+                    f"{self.config.memory_mb}m",
+                ]
+                if self.config.memory_mb
+                else []
+            ),
+            *(["--cpus", str(self.config.cpu_s)] if self.config.cpu_s else []),
+        ]
+        run = [
+            "docker",
+            "run",
+            "--rm",
+            "-i",
+            "--name",
+            name,
+            "--network",
+            "host",
+            "-v",
+            f"{self.workdir}:/work",
+            "-w",
+            "/work",
+            *limits,
+            *[a for k, v in env.items() for a in ("-e", f"{k}={v}")],
+            *self.config.docker_args,
+            self.config.image,
+            *argv,
+        ]
 
         async def kill_container() -> None:
             # Killing the `docker run` client would leave the container running.
-            proc = await asyncio.create_subprocess_exec("docker", "kill", name, stdout=asyncio.subprocess.DEVNULL,
-                                                        stderr=asyncio.subprocess.DEVNULL)
+            proc = await asyncio.create_subprocess_exec(
+                "docker",
+                "kill",
+                name,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
             await proc.wait()
 
-        return await run_process(run, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd=self.workdir,
-                                 config=self.config, stdin=stdin, on_timeout=kill_container)
+        return await run_process(
+            run,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            cwd=self.workdir,
+            config=self.config,
+            stdin=stdin,
+            on_timeout=kill_container,
+        )
 
 
 class DockerRuntime:

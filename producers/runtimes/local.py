@@ -30,9 +30,17 @@ class ProcessSandbox:
         home = str(self.workdir)
         return {**kept, "HOME": home, "TMPDIR": home, **env}
 
-    async def run(self, argv: list[str], env: dict[str, str], stdin: bytes | None = None) -> ExecResult:
-        return await run_process(argv, env=self.environment(env), cwd=self.workdir, config=self.config,
-                                 stdin=stdin, limited=self.scrubbed)
+    async def run(
+        self, argv: list[str], env: dict[str, str], stdin: bytes | None = None
+    ) -> ExecResult:
+        return await run_process(
+            argv,
+            env=self.environment(env),
+            cwd=self.workdir,
+            config=self.config,
+            stdin=stdin,
+            limited=self.scrubbed,
+        )
 
 
 class LocalRuntime:

@@ -10,8 +10,9 @@ from rlbus.schemas import TaskPublished, derived_id
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
-def reverse_text(n: int = 64, seed: int = 0, min_len: int = 5, max_len: int = 8,
-                 env: str = "reverse_text") -> Iterator[TaskPublished]:
+def reverse_text(
+    n: int = 64, seed: int = 0, min_len: int = 5, max_len: int = 8, env: str = "reverse_text"
+) -> Iterator[TaskPublished]:
     """`n` tasks "reverse this word"; the same seed gives the same tasks and ids."""
     rng = random.Random(seed)
     for i in range(n):

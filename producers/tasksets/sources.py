@@ -15,7 +15,17 @@ from urllib.parse import parse_qsl
 
 from rlbus.schemas import TaskPublished, derived_id
 
-TASK_FIELDS = {"task_id", "env", "prompt", "answer", "info", "group_size", "split", "run_id", "event_id"}
+TASK_FIELDS = {
+    "task_id",
+    "env",
+    "prompt",
+    "answer",
+    "info",
+    "group_size",
+    "split",
+    "run_id",
+    "event_id",
+}
 ALIASES = {"question": "prompt", "task": "env", "id": "task_id"}
 """Column names verifiers-style data sets use, mapped to ours."""
 
@@ -34,7 +44,9 @@ def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
             except json.JSONDecodeError as exc:
                 raise TaskSourceError(f"{path}:{lineno}: not JSON: {exc}") from exc
             if not isinstance(row, dict):
-                raise TaskSourceError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+                raise TaskSourceError(
+                    f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}"
+                )
             yield row
 
 
@@ -49,7 +61,9 @@ def _hf_disk(path: Path) -> Iterator[dict[str, Any]]:
     try:
         from datasets import DatasetDict, load_from_disk
     except ImportError as exc:
-        raise TaskSourceError(f"{path} is a Hugging Face dataset; install rlbus[data] to read it") from exc
+        raise TaskSourceError(
+            f"{path} is a Hugging Face dataset; install rlbus[data] to read it"
+        ) from exc
     data = load_from_disk(str(path))
     if isinstance(data, DatasetDict):
         for split, part in data.items():
@@ -79,24 +93,32 @@ def _python(spec: str) -> Iterator[dict[str, Any] | TaskPublished]:
 REASONING_GYM = "reasoning-gym:"
 
 
-def reasoning_gym(name: str, size: int = 1000, seed: int = 0, **config: Any) -> Iterator[dict[str, Any]]:
+def reasoning_gym(
+    name: str, size: int = 1000, seed: int = 0, **config: Any
+) -> Iterator[dict[str, Any]]:
     """Rows of a reasoning-gym data set: question, answer and the generator's metadata (which its
     `score_answer` needs) under info["metadata"]. Task ids follow from (name, seed, index)."""
     try:
         import reasoning_gym as rg
     except ImportError as exc:
-        raise TaskSourceError(f"reasoning-gym:{name} needs the reasoning-gym package (pip install rlbus[data])") from exc
+        raise TaskSourceError(
+            f"reasoning-gym:{name} needs the reasoning-gym package (pip install rlbus[data])"
+        ) from exc
     try:
         data = rg.create_dataset(name, size=size, seed=seed, **config)
-    except Exception as exc:  # noqa: BLE001 - unknown names and bad options come back as many types
+    except Exception as exc:
         raise TaskSourceError(f"reasoning-gym:{name}: {exc}") from exc
     for index, entry in enumerate(data):
-        yield {"task_id": derived_id("reasoning-gym", name, seed, index), "prompt": entry["question"],
-               "answer": str(entry["answer"]), "info": {"dataset": name, "metadata": entry["metadata"]}}
+        yield {
+            "task_id": derived_id("reasoning-gym", name, seed, index),
+            "prompt": entry["question"],
+            "answer": str(entry["answer"]),
+            "info": {"dataset": name, "metadata": entry["metadata"]},
+        }
 
 
 def _reasoning_gym_spec(source: str) -> Iterator[dict[str, Any]]:
-    name, _, query = source[len(REASONING_GYM):].partition("?")
+    name, _, query = source[len(REASONING_GYM) :].partition("?")
     options: dict[str, Any] = {}
     for key, value in parse_qsl(query):
         options[key] = int(value) if value.lstrip("-").isdigit() else value
@@ -112,16 +134,21 @@ def read_rows(source: str) -> Iterator[dict[str, Any] | TaskPublished]:
         return _jsonl(path)
     if source.endswith(".parquet"):
         return _parquet(path)
-    if path.is_dir() and any((path / marker).exists() for marker in ("dataset_info.json", "dataset_dict.json")):
+    if path.is_dir() and any(
+        (path / marker).exists() for marker in ("dataset_info.json", "dataset_dict.json")
+    ):
         return _hf_disk(path)
     if ":" in source or source.endswith(".py"):
         return _python(source)
     raise TaskSourceError(
         f"cannot tell what {source!r} is: give a .jsonl/.parquet file, a Hugging Face dataset "
-        "directory (save_to_disk), reasoning-gym:NAME, FILE.py:NAME or package.module:NAME")
+        "directory (save_to_disk), reasoning-gym:NAME, FILE.py:NAME or package.module:NAME"
+    )
 
 
-def to_task(row: dict[str, Any] | TaskPublished, env: str | None = None, run_id: str = "") -> TaskPublished:
+def to_task(
+    row: dict[str, Any] | TaskPublished, env: str | None = None, run_id: str = ""
+) -> TaskPublished:
     """A row as a TaskPublished: aliases mapped, other columns kept in `info`, and a task id
     derived from the content when the row has none (so republishing is idempotent)."""
     if isinstance(row, TaskPublished):
@@ -140,11 +167,19 @@ def to_task(row: dict[str, Any] | TaskPublished, env: str | None = None, run_id:
         if env:
             fields["env"] = env
         if "env" not in fields:
-            raise TaskSourceError(f"task row has no env (pass --env or add an 'env' column): {row!r:.200}")
+            raise TaskSourceError(
+                f"task row has no env (pass --env or add an 'env' column): {row!r:.200}"
+            )
         if "prompt" not in fields:
             raise TaskSourceError(f"task row has no prompt/question: {row!r:.200}")
-        fields.setdefault("task_id", derived_id(fields["env"], json.dumps(fields["prompt"], sort_keys=True),
-                                                 fields.get("answer", "")))
+        fields.setdefault(
+            "task_id",
+            derived_id(
+                fields["env"],
+                json.dumps(fields["prompt"], sort_keys=True),
+                fields.get("answer", ""),
+            ),
+        )
         fields["task_id"] = str(fields["task_id"])
         if not isinstance(fields.get("answer", ""), str):
             fields["answer"] = json.dumps(fields["answer"])
@@ -154,8 +189,9 @@ def to_task(row: dict[str, Any] | TaskPublished, env: str | None = None, run_id:
     return task
 
 
-def load_tasks(source: str | Iterable[dict[str, Any] | TaskPublished], env: str | None = None,
-               run_id: str = "") -> Iterator[TaskPublished]:
+def load_tasks(
+    source: str | Iterable[dict[str, Any] | TaskPublished], env: str | None = None, run_id: str = ""
+) -> Iterator[TaskPublished]:
     rows = read_rows(source) if isinstance(source, str) else source
     for row in rows:
         yield to_task(row, env=env, run_id=run_id)

@@ -17,7 +17,9 @@ class TaskStream:
     def __iter__(self) -> Iterator[TaskPublished]:
         return iter(self._source())
 
-    def _then(self, step: Callable[[Iterable[TaskPublished]], Iterable[TaskPublished]]) -> TaskStream:
+    def _then(
+        self, step: Callable[[Iterable[TaskPublished]], Iterable[TaskPublished]]
+    ) -> TaskStream:
         source = self._source
         return TaskStream(lambda: step(source()))
 

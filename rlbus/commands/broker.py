@@ -26,7 +26,9 @@ def broker(ctx: typer.Context, config: ConfigOption = None) -> None:
     if settings.kafka.bootstrap_servers:
         raise typer.BadParameter("kafka.bootstrap_servers is set: there is a broker already")
     with local_broker(settings) as live:
-        console.print(f"embedded broker listening; bootstrap servers: [bold]{live.kafka.bootstrap_servers}[/bold]")
+        console.print(
+            f"embedded broker listening; bootstrap servers: [bold]{live.kafka.bootstrap_servers}[/bold]"
+        )
         console.print("Ctrl-C to stop")
         try:
             while True:
@@ -50,7 +52,11 @@ async def _describe(settings: Settings) -> tuple[Table, Table]:
         for col in ("topic", "partitions", "messages (end offsets)"):
             topics.add_column(col, justify="right" if col != "topic" else "left")
         for t in names:
-            topics.add_row(t, str(len(partitions[t])), f"{sum(ends.get(TopicPartition(t, p), 0) for p in partitions[t]):,}")
+            topics.add_row(
+                t,
+                str(len(partitions[t])),
+                f"{sum(ends.get(TopicPartition(t, p), 0) for p in partitions[t]):,}",
+            )
         groups = Table(title="consumer groups of rlbus roles")
         for col in ("group", "topic", "committed", "lag"):
             groups.add_column(col, justify="right" if col in ("committed", "lag") else "left")
@@ -69,7 +75,9 @@ async def _describe(settings: Settings) -> tuple[Table, Table]:
                     # Clamped: Tansu 0.6 reports a batch-produced partition's end offset as its
                     # last batch's base offset + 1, below what consumers have committed.
                     lag = sum(max(0, ends.get(tp, 0) - committed.get(tp, 0)) for tp in tps)
-                    groups.add_row(prefix + group, topic.name, f"{sum(committed.values()):,}", f"{lag:,}")
+                    groups.add_row(
+                        prefix + group, topic.name, f"{sum(committed.values()):,}", f"{lag:,}"
+                    )
         return topics, groups
     finally:
         await consumer.stop()
@@ -86,6 +94,3 @@ def topics(ctx: typer.Context, config: ConfigOption = None) -> None:
 def register(app: typer.Typer, worker_app: typer.Typer) -> None:
     app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)(broker)
     app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)(topics)
-
-
-

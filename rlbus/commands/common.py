@@ -24,14 +24,21 @@ OVERRIDES_HELP = "Any setting can follow as --section.field VALUE (see `rlbus co
 
 ConfigOption = Annotated[
     Path | None,
-    typer.Option("--config", "-C", help="TOML config file; env vars and --section.field overrides win over it.",
-                 exists=True, dir_okay=False),
+    typer.Option(
+        "--config",
+        "-C",
+        help="TOML config file; env vars and --section.field overrides win over it.",
+        exists=True,
+        dir_okay=False,
+    ),
 ]
 
 T = TypeVar("T")
 
 
-def settings_from(ctx: typer.Context, config: Path | None, model: type[Settings] = Settings) -> Settings:
+def settings_from(
+    ctx: typer.Context, config: Path | None, model: type[Settings] = Settings
+) -> Settings:
     """Load settings or exit with the offending fields named."""
     try:
         return load_settings(config, list(ctx.args), model=model)

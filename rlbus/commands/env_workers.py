@@ -9,8 +9,16 @@ import typer
 
 from rlbus.bus.telemetry import setup_telemetry
 from rlbus.commands import eval as eval_cmd
+from rlbus.commands.common import (
+    OVERRIDES,
+    OVERRIDES_HELP,
+    ConfigOption,
+    console,
+    err_console,
+    run_until_signal,
+    settings_from,
+)
 from rlbus.commands.eval import EnvArgument, env_overrides
-from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, console, err_console, run_until_signal, settings_from
 from rlbus.config import ConfigError
 from rlbus.producers.env import Environment, load_environment
 from rlbus.runtime import require_bootstrap
@@ -27,10 +35,21 @@ def _load(spec: str, overrides: dict) -> Environment:
 def env(
     ctx: typer.Context,
     env_spec: EnvArgument,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Model name (unset: the environment's).")] = None,
-    base_url: Annotated[str | None, typer.Option(help="Eval: OpenAI-compatible /v1 URL; train: the inference server's /v1.")] = None,
-    mode: Annotated[Literal["eval", "train"] | None, typer.Option(help="eval (any endpoint) or train (token in/out).")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="Train mode: model directory whose tokenizer renders prompts.")] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Model name (unset: the environment's).")
+    ] = None,
+    base_url: Annotated[
+        str | None,
+        typer.Option(help="Eval: OpenAI-compatible /v1 URL; train: the inference server's /v1."),
+    ] = None,
+    mode: Annotated[
+        Literal["eval", "train"] | None,
+        typer.Option(help="eval (any endpoint) or train (token in/out)."),
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(help="Train mode: model directory whose tokenizer renders prompts."),
+    ] = None,
     config: ConfigOption = None,
 ) -> None:
     """Env producer: consume `tasks` of ENV, run each task's group, publish traces, tokens and rollouts."""
@@ -39,9 +58,11 @@ def env(
     settings = require_bootstrap(settings_from(ctx, config))
     setup_telemetry(settings.telemetry, "env")
     environment = _load(env_spec, env_overrides(model, base_url, mode=mode, tokenizer=tokenizer))
-    console.print(f"env producer {environment.id}: {environment.config.harness.kind} harness, "
-                  f"{environment.config.runtime.kind} runtime, {environment.config.model.mode} mode "
-                  f"-> {environment.config.model.base_url}")
+    console.print(
+        f"env producer {environment.id}: {environment.config.harness.kind} harness, "
+        f"{environment.config.runtime.kind} runtime, {environment.config.model.mode} mode "
+        f"-> {environment.config.model.base_url}"
+    )
 
     async def main(stop: asyncio.Event) -> int:
         return (await run_env_producer(settings, environment, stop)).rollouts
@@ -51,7 +72,9 @@ def env(
 
 def judge(
     ctx: typer.Context,
-    env_specs: Annotated[list[str], typer.Argument(metavar="ENV...", help="Environments whose rollouts to score.")],
+    env_specs: Annotated[
+        list[str], typer.Argument(metavar="ENV...", help="Environments whose rollouts to score.")
+    ],
     config: ConfigOption = None,
 ) -> None:
     """Judge: consume `rollouts` of the given environments, publish `scored` (group rewards once a group is complete)."""

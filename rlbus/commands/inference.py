@@ -7,19 +7,29 @@ from typing import Annotated
 import typer
 
 from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, settings_from
-from rlbus.consumers.inference.cli import model_app, serve
 from rlbus.consumers.inference.api import BackendKind
+from rlbus.consumers.inference.cli import model_app, serve
 from rlbus.runtime import require_bootstrap
 
 
 def inference(
     ctx: typer.Context,
-    model: Annotated[str, typer.Option(help="Hugging Face model directory (e.g. from `rlbus model init`).")],
-    host: Annotated[str, typer.Option(help="Address to bind; 0.0.0.0 in a container.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="HTTP port of the OpenAI-compatible and token endpoints.")] = 8000,
-    backend: Annotated[BackendKind, typer.Option(help="hf: built-in transformers engine; vllm: GPU extra.")] = "hf",
+    model: Annotated[
+        str, typer.Option(help="Hugging Face model directory (e.g. from `rlbus model init`).")
+    ],
+    host: Annotated[
+        str, typer.Option(help="Address to bind; 0.0.0.0 in a container.")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(help="HTTP port of the OpenAI-compatible and token endpoints.")
+    ] = 8000,
+    backend: Annotated[
+        BackendKind, typer.Option(help="hf: built-in transformers engine; vllm: GPU extra.")
+    ] = "hf",
     device: Annotated[str, typer.Option(help="torch device for the hf backend.")] = "cpu",
-    threads: Annotated[int | None, typer.Option(help="torch intra-op threads (1 suits tiny models).")] = None,
+    threads: Annotated[
+        int | None, typer.Option(help="torch intra-op threads (1 suits tiny models).")
+    ] = None,
     config: ConfigOption = None,
 ) -> None:
     """Serve a model (OpenAI chat completions, token-in/token-out generate, score) and load

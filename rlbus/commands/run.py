@@ -25,13 +25,18 @@ from rlbus.consumers.trainer.config import TrainerConfig
 from rlbus.launcher import LocalRun, RunConfig
 from rlbus.runtime import require_bootstrap
 
-replay_app = typer.Typer(help="Train on stored rollouts (exact stored token ids, never re-rendered text).",
-                         no_args_is_help=True)
+replay_app = typer.Typer(
+    help="Train on stored rollouts (exact stored token ids, never re-rendered text).",
+    no_args_is_help=True,
+)
 
-ConfigArgument = Annotated[Path, typer.Argument(metavar="CONFIG", help="Run config (TOML).", exists=True,
-                                                dir_okay=False)]
-ResumeOption = Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint; "
-                                                             "fails if there is none.")]
+ConfigArgument = Annotated[
+    Path, typer.Argument(metavar="CONFIG", help="Run config (TOML).", exists=True, dir_okay=False)
+]
+ResumeOption = Annotated[
+    bool,
+    typer.Option("--resume", help="Continue from the last checkpoint; fails if there is none."),
+]
 
 
 def _load(model: type[Settings], ctx: typer.Context, config: Path | None) -> Settings:
@@ -62,12 +67,19 @@ def run(ctx: typer.Context, config: ConfigArgument, resume: ResumeOption = False
     assert isinstance(cfg, RunConfig)
     checkpoints = CheckpointStore(cfg.checkpoint_url())
     if resume and not checkpoints.exists():
-        err_console.print(f"nothing to resume: run {cfg.run_id!r} has no checkpoint under {checkpoints.url}",
-                          style="red", markup=False)
+        err_console.print(
+            f"nothing to resume: run {cfg.run_id!r} has no checkpoint under {checkpoints.url}",
+            style="red",
+            markup=False,
+        )
         raise typer.Exit(1)
     if not resume and checkpoints.exists():
-        err_console.print(f"run {cfg.run_id!r} has a checkpoint at step {checkpoints.latest_step()} "
-                          f"({checkpoints.url}): pass --resume, or set another run_id", style="red", markup=False)
+        err_console.print(
+            f"run {cfg.run_id!r} has a checkpoint at step {checkpoints.latest_step()} "
+            f"({checkpoints.url}): pass --resume, or set another run_id",
+            style="red",
+            markup=False,
+        )
         raise typer.Exit(1)
     try:
         code = LocalRun(cfg, config, list(ctx.args), resume, console).run()
@@ -76,8 +88,14 @@ def run(ctx: typer.Context, config: ConfigArgument, resume: ResumeOption = False
         raise typer.Exit(130) from None
     except (RuntimeError, TimeoutError) as exc:
         raise _fail(exc) from exc
-    console.print(f"run {cfg.run_id} finished at step {cfg.max_steps}" if code == 0 else f"orchestrator exited {code}")
-    console.print(f"query it: rlbus sql \"SELECT * FROM reward_by_step WHERE run_id = '{cfg.run_id}' ORDER BY step\"")
+    console.print(
+        f"run {cfg.run_id} finished at step {cfg.max_steps}"
+        if code == 0
+        else f"orchestrator exited {code}"
+    )
+    console.print(
+        f"query it: rlbus sql \"SELECT * FROM reward_by_step WHERE run_id = '{cfg.run_id}' ORDER BY step\""
+    )
 
 
 def _worker_logging() -> None:
@@ -102,7 +120,9 @@ def trainer(ctx: typer.Context, config: ConfigOption = None, resume: ResumeOptio
         session = open_session(cfg.trainer, cfg.model, cfg.checkpoint_url(), cfg.max_steps, resume)
     except (NothingToResume, CheckpointExists) as exc:
         raise _fail(exc) from exc
-    console.print(f"trainer: {cfg.model} at step {session.state.step}, checkpoints {session.checkpoints.url}")
+    console.print(
+        f"trainer: {cfg.model} at step {session.state.step}, checkpoints {session.checkpoints.url}"
+    )
     step = session.trainer.step
     if cfg.trainer.parallel == "fsdp":
         from rlbus.consumers.trainer.fsdp import Leader, follow
@@ -115,8 +135,17 @@ def trainer(ctx: typer.Context, config: ConfigOption = None, resume: ResumeOptio
 
     async def main(stop: asyncio.Event) -> int:
         async with Bus(cfg) as bus:
-            worker = TrainerWorker(bus, step, session.checkpoints, session.state, session.hooks,
-                                   cfg.run_id, cfg.orchestrator.max_off_policy_steps, cfg.max_steps, stop)
+            worker = TrainerWorker(
+                bus,
+                step,
+                session.checkpoints,
+                session.state,
+                session.hooks,
+                cfg.run_id,
+                cfg.orchestrator.max_off_policy_steps,
+                cfg.max_steps,
+                stop,
+            )
             await run_trainer(bus, worker)
         return session.state.step
 
@@ -127,7 +156,9 @@ def trainer(ctx: typer.Context, config: ConfigOption = None, resume: ResumeOptio
             leader.stop()
 
 
-def orchestrator(ctx: typer.Context, config: ConfigOption = None, resume: ResumeOption = False) -> None:
+def orchestrator(
+    ctx: typer.Context, config: ConfigOption = None, resume: ResumeOption = False
+) -> None:
     """Orchestrator: scored rollouts -> TrainBatches; publishes tasks with bounded work in flight.
     (It follows the trainer's announced version, so --resume needs nothing of it.)"""
     from rlbus.consumers.orchestrator.build import build_orchestrator
@@ -167,10 +198,17 @@ class ReplayConfig(Settings):
 @replay_app.command("sft", context_settings=OVERRIDES, epilog=OVERRIDES_HELP)
 def replay_sft(
     ctx: typer.Context,
-    model: Annotated[Path, typer.Option("--model", help="Model directory to start from.", exists=True)],
+    model: Annotated[
+        Path, typer.Option("--model", help="Model directory to start from.", exists=True)
+    ],
     out: Annotated[Path, typer.Option("--out", help="Directory to write the trained model to.")],
-    where: Annotated[str, typer.Option(help="SQL condition over the `scored` table, e.g. "
-                                             "\"reward >= 1 AND env = 'reverse_text'\".")] = "reward >= 1",
+    where: Annotated[
+        str,
+        typer.Option(
+            help="SQL condition over the `scored` table, e.g. "
+            "\"reward >= 1 AND env = 'reverse_text'\"."
+        ),
+    ] = "reward >= 1",
     run_id: Annotated[str | None, typer.Option("--run", help="Only rollouts of this run.")] = None,
     config: ConfigOption = None,
 ) -> None:
@@ -186,13 +224,30 @@ def replay_sft(
             samples = asyncio.run(stored_samples(store, where, run_id))
     except ReplayError as exc:
         raise _fail(exc) from exc
-    console.print(f"{len(samples):,} samples ({sum(len(s.input_ids) // 4 for s in samples):,} tokens) "
-                  f"from {cfg.store.url}")
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, TextColumn("loss {task.fields[loss]:.4f}"), console=console) as progress:
+    console.print(
+        f"{len(samples):,} samples ({sum(len(s.input_ids) // 4 for s in samples):,} tokens) "
+        f"from {cfg.store.url}"
+    )
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(
+        *columns, TextColumn("loss {task.fields[loss]:.4f}"), console=console
+    ) as progress:
         bar = progress.add_task("sft", total=cfg.steps, loss=float("nan"))
-        train_sft(samples, model, out, cfg.trainer, cfg.steps, cfg.batch_size, cfg.seed,
-                  on_step=lambda _, result: progress.update(bar, advance=1, loss=result.loss))
+        train_sft(
+            samples,
+            model,
+            out,
+            cfg.trainer,
+            cfg.steps,
+            cfg.batch_size,
+            cfg.seed,
+            on_step=lambda _, result: progress.update(bar, advance=1, loss=result.loss),
+        )
     console.print(f"wrote {out}")
 
 

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from rlbus.bus.store import StoreError, open_store
-from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, console, err_console, settings_from
+from rlbus.commands.common import (
+    OVERRIDES,
+    OVERRIDES_HELP,
+    ConfigOption,
+    console,
+    err_console,
+    settings_from,
+)
 
 
-class Format(str, Enum):
+class Format(StrEnum):
     table = "table"
     csv = "csv"
     json = "json"
@@ -24,7 +31,9 @@ CLICKHOUSE_FORMAT = {Format.csv: "CSVWithNames", Format.json: "JSONEachRow"}
 
 def sql(
     ctx: typer.Context,
-    query: Annotated[str, typer.Argument(help="A read-only statement: SELECT, WITH, SHOW, DESCRIBE, EXPLAIN.")],
+    query: Annotated[
+        str, typer.Argument(help="A read-only statement: SELECT, WITH, SHOW, DESCRIBE, EXPLAIN.")
+    ],
     fmt: Annotated[Format, typer.Option("--format", "-f", help="Output format.")] = Format.table,
     config: ConfigOption = None,
 ) -> None:

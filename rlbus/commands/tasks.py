@@ -12,7 +12,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rlbus.bus import Bus
 from rlbus.bus.telemetry import setup_telemetry
-from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, console, err_console, settings_from
+from rlbus.commands.common import (
+    OVERRIDES,
+    OVERRIDES_HELP,
+    ConfigOption,
+    console,
+    err_console,
+    settings_from,
+)
 from rlbus.config import Settings
 from rlbus.producers.tasksets import TaskSourceError, load_tasks
 from rlbus.runtime import require_bootstrap
@@ -23,8 +30,12 @@ tasks_app = typer.Typer(help="Publish tasks for environments.", no_args_is_help=
 CHUNK = 1000
 
 
-async def publish_tasks(settings: Settings, tasks: Iterable[TaskPublished], total: int | None = None,
-                        progress: Progress | None = None) -> int:
+async def publish_tasks(
+    settings: Settings,
+    tasks: Iterable[TaskPublished],
+    total: int | None = None,
+    progress: Progress | None = None,
+) -> int:
     """Publish tasks in chunks (each chunk acknowledged before the next); returns the count."""
     count = 0
     task_bar = progress.add_task("publishing", total=total) if progress else None
@@ -41,8 +52,15 @@ async def publish_tasks(settings: Settings, tasks: Iterable[TaskPublished], tota
 @tasks_app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)
 def publish(
     ctx: typer.Context,
-    source: Annotated[str, typer.Argument(help="FILE.jsonl | FILE.parquet | HF dataset dir | FILE.py:NAME | module:NAME")],
-    env: Annotated[str | None, typer.Option(help="Environment id for rows that have no `env` column.")] = None,
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="FILE.jsonl | FILE.parquet | HF dataset dir | FILE.py:NAME | module:NAME"
+        ),
+    ],
+    env: Annotated[
+        str | None, typer.Option(help="Environment id for rows that have no `env` column.")
+    ] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Run the tasks belong to.")] = None,
     limit: Annotated[int | None, typer.Option(help="Publish at most this many tasks.")] = None,
     config: ConfigOption = None,
@@ -56,7 +74,12 @@ def publish(
     except (TaskSourceError, OSError) as exc:
         err_console.print(str(exc), style="red", markup=False)
         raise typer.Exit(2) from exc
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console) as progress:
         n = asyncio.run(publish_tasks(settings, tasks, len(tasks), progress))
     console.print(f"published {n:,} tasks to {settings.kafka.topic_prefix}tasks (run {run!r})")

@@ -8,7 +8,14 @@ import typer
 
 from rlbus.bus.store import open_store
 from rlbus.bus.telemetry import setup_telemetry
-from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, console, run_until_signal, settings_from
+from rlbus.commands.common import (
+    OVERRIDES,
+    OVERRIDES_HELP,
+    ConfigOption,
+    console,
+    run_until_signal,
+    settings_from,
+)
 from rlbus.consumers.sink import run_sink
 from rlbus.runtime import require_bootstrap
 
