@@ -30,8 +30,8 @@ from rlbus.bus.store import open_store
 from rlbus.bus.store.arrow import events_to_arrow
 from rlbus.config import Settings, load_settings
 from rlbus.consumers.sink import Sink
+from rlbus.discovery import store_served_elsewhere
 from rlbus.processes import RoleProcess, wait_for
-from rlbus.runtime import store_served_elsewhere
 from rlbus.schemas import TokenRecord, codec, derived_id
 from rlbus.schemas.packed import pack_logprobs, pack_tokens
 

@@ -23,16 +23,14 @@ import openai
 from rlbus.bus import free_port
 from rlbus.commands.eval import env_overrides, run_eval
 from rlbus.config import load_settings
-from rlbus.producers.env import load_environment
+from rlbus.producers.environment import load_environment
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 
 
 def start_server() -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlbus.producers.interception.scripted", "--port", str(port)]
-    )
+    proc = subprocess.Popen([sys.executable, "-m", "rlbus.testing", "--port", str(port)])
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

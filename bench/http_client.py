@@ -28,7 +28,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from rlbus.bus import free_port
-from rlbus.consumers.inference.client import InferenceClient
+from rlbus.clients.inference import InferenceClient
 from rlbus.launcher import healthy
 from rlbus.processes import wait_for
 

@@ -30,10 +30,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from rlbus.clients.renderer import TemplateRenderer
 from rlbus.consumers.inference.api import SamplingParams
 from rlbus.consumers.inference.engine import Engine
 from rlbus.consumers.inference.model_init import init_model
-from rlbus.consumers.inference.renderer import TemplateRenderer
 
 CONCURRENCY = (1, 16, 64)
 C1_REQUESTS = 4  # latency at concurrency 1 is the mean over this many prompts, one at a time

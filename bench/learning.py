@@ -35,20 +35,18 @@ from rich.table import Table
 
 from rlbus.bus import EmbeddedBroker
 from rlbus.bus.store import open_store
-from rlbus.commands.run import ReplayConfig
 from rlbus.config import load_settings
-from rlbus.consumers.judge import Scorer
+from rlbus.config.run import ReplayConfig, RunConfig
+from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig, group_advantages
 from rlbus.consumers.orchestrator.replay import stored_samples
 from rlbus.consumers.orchestrator.tasks import Source, TaskSource
-from rlbus.consumers.trainer import masks
-from rlbus.consumers.trainer.config import TrainerConfig
 from rlbus.consumers.trainer.engine import Trainer
 from rlbus.consumers.trainer.model import load_policy
 from rlbus.consumers.trainer.sft import train_sft
-from rlbus.launcher import LocalRun, RunConfig
-from rlbus.producers.env import load_environment
-from rlbus.schemas import RolloutCompleted, TrainSample
+from rlbus.launcher import LocalRun
+from rlbus.producers.environment import Scorer, load_environment
+from rlbus.schemas import RolloutCompleted, TrainSample, masks
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 
 console = Console()

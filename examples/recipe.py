@@ -24,9 +24,9 @@ from rlbus.config import Settings
 from rlbus.consumers.judge import run_judge
 from rlbus.consumers.orchestrator.tasks import Source, TaskSource
 from rlbus.consumers.sink import run_sink
-from rlbus.producers.env import load_environment
-from rlbus.producers.interception.scripted import ScriptedModel, ScriptedServer
-from rlbus.producers.worker import run_env_producer
+from rlbus.producers.env_producer import run_env_producer
+from rlbus.producers.environment import load_environment
+from rlbus.testing import ScriptedModel, ScriptedServer
 
 EXAMPLES = Path(__file__).resolve().parent
 IM_END = 258

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from rlbus.bus import Bus
-from rlbus.consumers.judge.scoring import Scorer
+from rlbus.producers.environment.scoring import Scorer
 from rlbus.producers.rollouts import RolloutRunner
 from rlbus.schemas import Event, RolloutScored, TaskPublished
 
@@ -32,7 +32,7 @@ class Tally:
         self.errors += sum(s.status != "ok" for s in scored)
 
 
-class Evaluation:
+class EvalPipeline:
     def __init__(
         self, runner: RolloutRunner, bus: Bus, on_group: Callable[[Tally], None] | None = None
     ):

@@ -12,12 +12,20 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from rlbus.producers.env.loader import Environment
+from rlbus.producers.environment.loader import Environment
 from rlbus.producers.harnesses import Harness, HarnessError, Rollout, make_harness
 from rlbus.producers.interception.calls import UpstreamError
 from rlbus.producers.interception.server import InterceptionServer
 from rlbus.producers.runtimes import Runtime, make_runtime
-from rlbus.schemas import Event, RolloutCompleted, TaskPublished, TokenRecord, TraceNode, derived_id
+from rlbus.schemas import (
+    Event,
+    RolloutCompleted,
+    TaskPublished,
+    TokenRecord,
+    TraceNode,
+    derived_id,
+    group_id_of,
+)
 
 
 @dataclass
@@ -29,10 +37,6 @@ class RolloutOutput:
     def events(self) -> list[Event]:
         """Trace first, rollout last: a consumer that sees the rollout can find its trace."""
         return [*self.nodes, *self.tokens, self.rollout]
-
-
-def group_id_of(task: TaskPublished) -> str:
-    return derived_id("group", task.event_id)
 
 
 def _failure(exc: BaseException, timeout_s: float) -> tuple[str, str]:

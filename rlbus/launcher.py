@@ -15,67 +15,22 @@ import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from rlbus.bus import Bus, free_port
 from rlbus.bus.store import Store, open_store
-from rlbus.config import ConfigError, Section, Settings
-from rlbus.consumers.orchestrator.config import EnvEntry, OrchestratorConfig
-from rlbus.consumers.trainer.config import TrainerConfig
+from rlbus.config import Settings, data_dir
+from rlbus.config.orchestrator import EnvEntry
+from rlbus.config.run import RunConfig
+from rlbus.discovery import local_broker, store_served_elsewhere
 from rlbus.processes import RoleProcess, wait_for
-from rlbus.runtime import data_dir, local_broker, store_served_elsewhere
 
 if TYPE_CHECKING:
     from rlbus.consumers.orchestrator.worker import Orchestrator
-
-
-class InferenceConfig(Section):
-    url: str = ""
-    """/v1 URL of a running inference server that follows this run's weights; empty: start one."""
-    backend: Literal["hf", "vllm"] = "hf"
-    """Engine of the inference server `rlbus run` starts."""
-    device: str = "cpu"
-    """Device of that server."""
-    port: int = Field(0, ge=0)
-    """Its port; 0: a free one."""
-    threads: int = Field(1, ge=1)
-    """torch intra-op threads of that server (1 suits tiny models on a small machine)."""
-
-
-class RunConfig(Settings):
-    """A training run: the settings of every role, in one TOML file."""
-
-    model: str = ""
-    """Hugging Face model directory the policy starts from (e.g. from `rlbus model init`)."""
-    max_steps: int = Field(20, ge=1)
-    """Optimizer steps of the run; the LR schedule ends here."""
-    orchestrator: OrchestratorConfig = OrchestratorConfig()
-    trainer: TrainerConfig = TrainerConfig()
-    inference: InferenceConfig = InferenceConfig()
-    envs: dict[str, EnvEntry] = {}
-    """Environments by name: [envs.NAME] path = "...", algorithm.name = "grpo", overrides..."""
-
-    def check(self) -> RunConfig:
-        """What the model cannot check field by field (load_settings builds it empty first)."""
-        if not self.model:
-            raise ConfigError(
-                "model is not set: give a model directory (rlbus model init PATH makes one)"
-            )
-        if not self.envs:
-            raise ConfigError('no environments: add an [envs.NAME] table with path = "env.toml"')
-        return self
-
-    def base(self) -> Settings:
-        """The shared settings alone, for roles that take no run config (sink, env, judge, inference)."""
-        return Settings.model_validate(self.model_dump(include=set(Settings.model_fields)))
-
-    def checkpoint_url(self) -> str:
-        return self.trainer.checkpoint_url or str(data_dir(self) / "checkpoints" / self.run_id)
 
 
 def dump_toml(data: dict[str, Any], prefix: str = "") -> str:
@@ -105,8 +60,8 @@ def env_file(
 ) -> Path:
     """The environment's TOML with the run's overrides and the train-mode model endpoint, for its
     env producers and judges (which take an environment spec, not a run config)."""
-    from rlbus.config import _deep_merge
-    from rlbus.producers.env.loader import ENV_FILE, _toml
+    from rlbus.config import deep_merge
+    from rlbus.producers.environment.loader import ENV_FILE, _toml
 
     path = Path(entry.path) if Path(entry.path).is_absolute() else base_dir / entry.path
     source = path / ENV_FILE if path.is_dir() else path
@@ -120,7 +75,7 @@ def env_file(
         "mode": "train",
         "tokenizer": str(Path(model).resolve()),
     }
-    merged = _deep_merge(_deep_merge(table, entry.overrides), {"id": name, "model": model_cfg})
+    merged = deep_merge(deep_merge(table, entry.overrides), {"id": name, "model": model_cfg})
     out = out_dir / f"{name}.toml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(dump_toml({"env": merged}))
@@ -351,8 +306,8 @@ async def local_roles(
     from rlbus.consumers.sink import run_sink
     from rlbus.consumers.trainer.session import open_session
     from rlbus.consumers.trainer.worker import TrainerWorker, run_trainer
-    from rlbus.producers.env import load_environment
-    from rlbus.producers.worker import run_env_producer
+    from rlbus.producers.env_producer import run_env_producer
+    from rlbus.producers.environment import load_environment
 
     stop = asyncio.Event()
     trainer_stop = asyncio.Event()

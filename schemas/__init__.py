@@ -18,7 +18,7 @@ from rlbus.schemas.events import (
     WeightLoaded,
     WeightVersion,
 )
-from rlbus.schemas.ids import derived_id, uuid7
+from rlbus.schemas.ids import derived_id, group_id_of, uuid7
 from rlbus.schemas.topics import BY_NAME, TOPICS, Topic, key_of, topic_of
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "WeightVersion",
     "decode",
     "derived_id",
+    "group_id_of",
     "encode",
     "key_of",
     "topic_of",

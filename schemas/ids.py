@@ -6,6 +6,10 @@ import hashlib
 import os
 import time
 import uuid
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlbus.schemas.events import TaskPublished
 
 
 def uuid7() -> str:
@@ -31,3 +35,9 @@ def derived_id(*parts: object) -> str:
     value = (value & ~(0xF << 76)) | (0x8 << 76)
     value = (value & ~(0b11 << 62)) | (0b10 << 62)
     return str(uuid.UUID(int=value))
+
+
+def group_id_of(task: TaskPublished) -> str:
+    """The group of rollouts a task becomes: env producers, judges and the orchestrator all
+    name it from the task event alone."""
+    return derived_id("group", task.event_id)

@@ -16,8 +16,8 @@ import pytest
 
 from rlbus.bus import EmbeddedBroker
 from rlbus.config import Settings, settings_env
+from rlbus.discovery import store_served_elsewhere
 from rlbus.processes import RoleProcess, wait_for
-from rlbus.runtime import store_served_elsewhere
 
 ROWS = [
     {"question": f"reverse {w}", "answer": w[::-1], "level": i}

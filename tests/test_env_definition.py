@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from rlbus.config import ConfigError
-from rlbus.consumers.judge import Scorer
-from rlbus.producers.env import (
+from rlbus.producers.environment import (
     RuleError,
+    Scorer,
     TaskSet,
     discover,
     group_reward,
@@ -110,7 +110,7 @@ def test_scorer_injects_by_name_and_weights_the_sum() -> None:
 def test_toml_overrides_taskset_defaults_and_cli_overrides_toml(tmp_path: Path) -> None:
     (tmp_path / "env.py").write_text(
         textwrap.dedent("""
-        from rlbus.producers.env import TaskSet
+        from rlbus.producers.environment import TaskSet
         class Words(TaskSet):
             defaults = {"group_size": 3, "harness": {"kind": "tools", "max_turns": 2}}
             def rows(self):
@@ -145,7 +145,7 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
         '[env]\ntaskset = "env.py"\ngroup_size = 0\n[env.harness]\nkind = "nope"\n'
     )
     (tmp_path / "env.py").write_text(
-        "from rlbus.producers.env import TaskSet\nclass A(TaskSet): pass\n"
+        "from rlbus.producers.environment import TaskSet\nclass A(TaskSet): pass\n"
     )
     with pytest.raises(ConfigError) as caught:
         load_environment(str(tmp_path / "env.toml"))
@@ -158,7 +158,7 @@ def test_entry_point_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     package = tmp_path / "my_envs"
     package.mkdir()
     (package / "__init__.py").write_text(
-        "from rlbus.producers.env import TaskSet, reward\n"
+        "from rlbus.producers.environment import TaskSet, reward\n"
         "class Echo(TaskSet):\n"
         "    name = 'echo'\n"
         "    def rows(self): return [{'prompt': 'x', 'answer': 'x'}]\n"

@@ -10,11 +10,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from rlbus.consumers.judge import Scorer
-from rlbus.producers.env import load_environment
+from rlbus.producers.environment import Scorer, load_environment
 from rlbus.producers.interception import EvalBackend, InterceptionServer
-from rlbus.producers.interception.scripted import ScriptedModel, ScriptedServer
 from rlbus.producers.rollouts import RolloutOutput, RolloutRunner
+from rlbus.testing import ScriptedModel, ScriptedServer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -96,7 +95,7 @@ async def test_mcp_server_tools(tmp_path: Path) -> None:
     )
     (tmp_path / "env.py").write_text(
         textwrap.dedent("""
-        from rlbus.producers.env import TaskSet, reward
+        from rlbus.producers.environment import TaskSet, reward
         class Shouting(TaskSet):
             def rows(self):
                 return [{"prompt": "shout hello", "answer": "HELLO"}]

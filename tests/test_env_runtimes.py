@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlbus.producers.env import RuntimeConfig
+from rlbus.producers.environment import RuntimeConfig
 from rlbus.producers.runtimes import ExecResult, docker_problem, make_runtime
 
 

@@ -19,13 +19,13 @@ from rlbus.bus.store import open_store
 from rlbus.commands import env_workers
 from rlbus.commands.eval import EvalResult, env_overrides, run_eval
 from rlbus.config import Settings, load_settings
+from rlbus.discovery import store_served_elsewhere
 from rlbus.processes import RoleProcess, wait_for
-from rlbus.producers.env import load_environment
-from rlbus.producers.interception import trace_samples
-from rlbus.producers.interception.scripted import ScriptedServer, ThreadedServer
-from rlbus.runtime import store_served_elsewhere
+from rlbus.producers.environment import load_environment
 from rlbus.schemas import TokenRecord, TraceNode
 from rlbus.schemas.packed import mask, tokens
+from rlbus.schemas.samples import trace_samples
+from rlbus.testing import ScriptedServer, ThreadedServer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -124,7 +124,7 @@ def test_256_rollouts_at_concurrency_64_land_exactly_once(
 
 FAILING = """
 import json, os, sys, time
-from rlbus.producers.env import TaskSet, reward
+from rlbus.producers.environment import TaskSet, reward
 
 class Failing(TaskSet):
     name = "failing"
@@ -206,7 +206,7 @@ def test_in_process_harness_crash_is_an_errored_rollout(
 ) -> None:
     (tmp_path / "env.py").write_text(
         textwrap.dedent("""
-        from rlbus.producers.env import TaskSet, reward, user
+        from rlbus.producers.environment import TaskSet, reward, user
         class Crashy(TaskSet):
             def rows(self):
                 return [{"prompt": f"Reverse the text: w{i}", "answer": f"{i}w"} for i in range(4)]

@@ -10,15 +10,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
-from rlbus.consumers.inference.cli import model_app
-from rlbus.consumers.inference.detok import TextStream
-from rlbus.consumers.inference.model_init import init_model
-from rlbus.consumers.inference.renderer import (
+from rlbus.clients.renderer import (
     PackageRenderer,
     RendererError,
     TemplateRenderer,
     make_renderer,
 )
+from rlbus.consumers.inference.cli import model_app
+from rlbus.consumers.inference.detok import TextStream
+from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.inference.sampling import RowSettings, sample
 
 

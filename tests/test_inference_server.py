@@ -15,6 +15,8 @@ import uvicorn
 from safetensors.torch import save_file
 
 from rlbus.bus import Bus, Delivery, free_port
+from rlbus.clients.inference import InferenceClient, InferenceError
+from rlbus.clients.renderer import TemplateRenderer
 from rlbus.config import Settings
 from rlbus.consumers.inference.api import (
     Delta,
@@ -23,10 +25,8 @@ from rlbus.consumers.inference.api import (
     SamplingParams,
     ScoreResult,
 )
-from rlbus.consumers.inference.client import InferenceClient, InferenceError
 from rlbus.consumers.inference.engine import Engine
 from rlbus.consumers.inference.model_init import init_model
-from rlbus.consumers.inference.renderer import TemplateRenderer
 from rlbus.consumers.inference.server import create_app
 from rlbus.consumers.inference.service import build_app, build_backend
 from rlbus.consumers.inference.worker import run_worker

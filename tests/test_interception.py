@@ -19,16 +19,16 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rlbus.bus import telemetry
-from rlbus.producers.env import ModelConfig, SamplingConfig, load_environment
+from rlbus.producers.environment import ModelConfig, SamplingConfig, load_environment
 from rlbus.producers.interception import (
     EvalBackend,
     InterceptionServer,
     TokenBackend,
-    trace_samples,
 )
-from rlbus.producers.interception.scripted import ScriptedModel, ScriptedServer
 from rlbus.producers.rollouts import RolloutRunner
 from rlbus.schemas.packed import logprobs, mask, tokens
+from rlbus.schemas.samples import trace_samples
+from rlbus.testing import ScriptedModel, ScriptedServer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CALL = {
@@ -283,8 +283,8 @@ async def test_model_call_spans_carry_gen_ai_attributes(server: InterceptionServ
 
 
 async def test_train_mode_three_turns_extend_recorded_ids(tmp_path: Path) -> None:
+    from rlbus.clients.renderer import make_renderer
     from rlbus.consumers.inference.byte_tokenizer import build_byte_tokenizer
-    from rlbus.consumers.inference.renderer import make_renderer
 
     tokenizer = build_byte_tokenizer()
     eos = tokenizer.eos_token_id

@@ -13,13 +13,13 @@ import pytest
 from rlbus.bus import Bus
 from rlbus.bus.store import open_store
 from rlbus.config import Settings
-from rlbus.consumers.judge import Scorer, run_judge
+from rlbus.consumers.judge import run_judge
+from rlbus.discovery import store_served_elsewhere
 from rlbus.processes import RoleProcess, wait_for
-from rlbus.producers.env import TaskSet, group_reward, load_environment, reward
-from rlbus.producers.interception.scripted import ScriptedModel, ScriptedServer
-from rlbus.producers.worker import run_env_producer
-from rlbus.runtime import store_served_elsewhere
+from rlbus.producers.env_producer import run_env_producer
+from rlbus.producers.environment import Scorer, TaskSet, group_reward, load_environment, reward
 from rlbus.schemas import RolloutCompleted, RolloutScored
+from rlbus.testing import ScriptedModel, ScriptedServer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -12,10 +12,11 @@ import pytest
 
 from rlbus.bus.store import open_store
 from rlbus.config import Settings, load_settings
+from rlbus.config.run import RunConfig
+from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.orchestrator.replay import stored_samples
-from rlbus.consumers.trainer.config import TrainerConfig
 from rlbus.consumers.trainer.sft import train_sft
-from rlbus.launcher import RunConfig, run_in_process
+from rlbus.launcher import run_in_process
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 sys.path.insert(0, str(EXAMPLE.parent))

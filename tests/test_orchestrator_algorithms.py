@@ -8,13 +8,12 @@ import pytest
 from rlbus.consumers.orchestrator.algorithms import (
     AlgorithmConfig,
     Context,
-    Scored,
+    GroupMember,
     group_advantages,
     make_algorithm,
 )
 from rlbus.consumers.orchestrator.join import Joiner
 from rlbus.consumers.orchestrator.worker import has_signal
-from rlbus.consumers.trainer import masks
 from rlbus.schemas import (
     RolloutCompleted,
     RolloutScored,
@@ -22,13 +21,14 @@ from rlbus.schemas import (
     TraceNode,
     TrainSample,
     derived_id,
+    masks,
 )
 from rlbus.schemas.packed import logprobs, mask, pack_logprobs, pack_mask, pack_tokens, tokens
 
 
 def member(
     i: int, reward: float, sampled: list[int], completion_tokens: int = 3, answer: str = "cba"
-) -> Scored:
+) -> GroupMember:
     ids = list(range(10, 10 + len(sampled)))
     sample = TrainSample(
         rollout_id=f"r{i}",
@@ -50,11 +50,11 @@ def member(
     rollout = RolloutCompleted(
         rollout_id=f"r{i}", group_id="g", task_id="t", env="e", answer=answer
     )
-    return Scored(scored, rollout, [sample])
+    return GroupMember(scored, rollout, [sample])
 
 
 async def run(
-    name: str, group: list[Scored], ctx: Context | None = None, **cfg: object
+    name: str, group: list[GroupMember], ctx: Context | None = None, **cfg: object
 ) -> list[TrainSample]:
     return await make_algorithm(AlgorithmConfig(name=name, **cfg), ctx).samples(group)
 
@@ -218,7 +218,7 @@ def test_training_tasks_go_round_in_epochs_and_never_include_held_out_ones() -> 
     from pathlib import Path
 
     from rlbus.consumers.orchestrator.tasks import Source, TaskSource, held_out
-    from rlbus.producers.env import load_environment
+    from rlbus.producers.environment import load_environment
 
     env = load_environment(
         str(Path(__file__).resolve().parent.parent / "examples" / "reverse_text"),

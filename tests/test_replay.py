@@ -14,8 +14,7 @@ from rlbus.bus.store import open_store
 from rlbus.commands.run import register
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.orchestrator.replay import stored_samples
-from rlbus.consumers.trainer import masks
-from rlbus.schemas import RolloutScored, TokenRecord, TraceNode, derived_id
+from rlbus.schemas import RolloutScored, TokenRecord, TraceNode, derived_id, masks
 from rlbus.schemas.packed import mask, pack_logprobs, pack_tokens, tokens
 
 

@@ -11,8 +11,9 @@ import pytest
 
 from rlbus.bus.store import open_store
 from rlbus.config import Settings, load_settings
+from rlbus.config.run import RunConfig
 from rlbus.consumers.inference.model_init import init_model
-from rlbus.launcher import RunConfig, run_in_process
+from rlbus.launcher import run_in_process
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 

@@ -18,8 +18,7 @@ import pytest
 from rlbus.bus import Bus
 from rlbus.config import Settings, settings_env
 from rlbus.consumers.inference.model_init import init_model
-from rlbus.consumers.trainer import masks
-from rlbus.schemas import TrainBatch, TrainSample, derived_id
+from rlbus.schemas import TrainBatch, TrainSample, derived_id, masks
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"

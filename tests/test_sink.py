@@ -13,8 +13,8 @@ from factories import make_event
 from rlbus.bus import Bus
 from rlbus.bus.store import open_store
 from rlbus.config import Settings
+from rlbus.discovery import store_served_elsewhere
 from rlbus.processes import RoleProcess, wait_for
-from rlbus.runtime import store_served_elsewhere
 from rlbus.schemas import EVENT_TYPES, Event, TokenRecord
 
 N = 10_000

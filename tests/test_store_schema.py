@@ -12,9 +12,10 @@ import pytest
 
 from rlbus.bus.store import MigrationError, Store, open_store
 from rlbus.bus.store.columns import EXTRA_COLUMNS, columns_of
-from rlbus.bus.store.ddl import DEDUP_WINDOW, id_columns
+from rlbus.bus.store.ddl import id_columns
 from rlbus.bus.store.migrate import Migration, load_migrations, migrate
 from rlbus.bus.store.sqltext import read_only_problem, split_statements
+from rlbus.config.settings import DEFAULT_DEDUP_WINDOW
 from rlbus.schemas import EVENT_TYPES, DeadLetter, RolloutScored, TokenRecord
 from rlbus.schemas.packed import pack_tokens
 
@@ -70,7 +71,9 @@ def test_tables_are_keyed_indexed_and_deduplicated_as_declared(store: Store) -> 
         engine, sorting_key, engine_full = tables[kind.table]
         assert engine == "ReplacingMergeTree", kind.table
         assert sorting_key == ", ".join(kind.order_by), kind.table
-        assert f"non_replicated_deduplication_window = {DEDUP_WINDOW}" in engine_full, kind.table
+        assert f"non_replicated_deduplication_window = {DEFAULT_DEDUP_WINDOW}" in engine_full, (
+            kind.table
+        )
         assert bloom[kind.table] == sorted(id_columns(kind)), kind.table
         assert "event_id" in id_columns(kind) or kind.order_by[0] == "event_id"
 

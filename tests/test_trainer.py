@@ -9,17 +9,16 @@ import numpy as np
 import pytest
 import torch
 
+from rlbus.config.trainer import LoraConfig, OptimConfig, TrainerConfig
 from rlbus.consumers.inference.model_init import init_model
-from rlbus.consumers.trainer import masks
 from rlbus.consumers.trainer.batching import collate, pack
 from rlbus.consumers.trainer.checkpoint import NothingToResume
-from rlbus.consumers.trainer.config import LoraConfig, OptimConfig, TrainerConfig
 from rlbus.consumers.trainer.engine import Trainer, lr_factor
 from rlbus.consumers.trainer.model import full_weights, load_policy, token_logprobs
 from rlbus.consumers.trainer.session import CheckpointExists, open_session
-from rlbus.consumers.trainer.staleness import filter_stale
-from rlbus.schemas import TrainSample
+from rlbus.schemas import TrainSample, masks
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
+from rlbus.schemas.staleness import filter_stale
 
 
 @pytest.fixture(scope="module")

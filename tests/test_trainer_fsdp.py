@@ -14,11 +14,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlbus.bus import free_port
+from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.inference.model_init import init_model
-from rlbus.consumers.trainer import masks
-from rlbus.consumers.trainer.config import TrainerConfig
 from rlbus.consumers.trainer.session import open_session
-from rlbus.schemas import TrainSample
+from rlbus.schemas import TrainSample, masks
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 
 

@@ -2,7 +2,6 @@
 the read-only loopback endpoint a chdb store's holder serves to other processes."""
 
 from rlbus.bus.store.client import (
-    DEFAULT_URL,
     Rows,
     Store,
     StoreError,
@@ -13,7 +12,6 @@ from rlbus.bus.store.endpoint import Endpoint
 from rlbus.bus.store.migrate import MigrationError
 
 __all__ = [
-    "DEFAULT_URL",
     "Endpoint",
     "MigrationError",
     "Rows",

@@ -28,11 +28,10 @@ from rlbus.bus.store.endpoint import Endpoint
 from rlbus.bus.store.holder import ENDPOINT_FILE, holder_pid, read_endpoint
 from rlbus.bus.store.migrate import migrate
 from rlbus.bus.store.sqltext import quote, read_only_problem, trailing_format
+from rlbus.config.settings import DEFAULT_STORE_URL
 from rlbus.schemas.events import EVENT_TYPES, Event
 
 E = TypeVar("E", bound=Event)
-
-DEFAULT_URL = "chdb://./rlbus-data"
 
 
 class StoreError(RuntimeError):
@@ -280,7 +279,7 @@ def _open_chdb(url: str, path: str, read_only: bool, dedup_window: int | None) -
 
 
 def open_store(
-    url: str = DEFAULT_URL, *, read_only: bool = False, dedup_window: int | None = None
+    url: str = DEFAULT_STORE_URL, *, read_only: bool = False, dedup_window: int | None = None
 ) -> Store:
     """Open a store. A writable open applies pending migrations first, then `dedup_window`
     (StoreConfig.dedup_window) when given.
@@ -292,7 +291,9 @@ def open_store(
     if url.startswith("chdb://"):
         path = url.removeprefix("chdb://")
         if not path:
-            raise StoreError(f"{url!r} names no directory; use chdb://PATH, e.g. {DEFAULT_URL}")
+            raise StoreError(
+                f"{url!r} names no directory; use chdb://PATH, e.g. {DEFAULT_STORE_URL}"
+            )
         return _open_chdb(url, path, read_only, dedup_window)
     if url.startswith(("http://", "https://")):
         return _prepared(Store(url, read_only=read_only, server_url=url), dedup_window)

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 from rlbus.bus.store.columns import EXTRA_COLUMNS, columns_of
 from rlbus.bus.store.sqltext import quote
+from rlbus.config.settings import DEFAULT_DEDUP_WINDOW
 from rlbus.schemas.events import EVENT_TYPES, Event
-
-DEDUP_WINDOW = 10_000
-"""Blocks remembered per table for insert_deduplication_token; StoreConfig.dedup_window's
-default. `open_store(..., dedup_window=N)` changes it on existing tables."""
 
 
 def id_columns(kind: type[Event]) -> list[str]:
@@ -39,7 +36,7 @@ def create_table(kind: type[Event]) -> str:
         f"CREATE TABLE IF NOT EXISTS {quote(kind.table)}\n(\n{body}\n)\n"
         "ENGINE = ReplacingMergeTree\n"
         f"ORDER BY ({', '.join(quote(name) for name in kind.order_by)})\n"
-        f"SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}"
+        f"SETTINGS non_replicated_deduplication_window = {DEFAULT_DEDUP_WINDOW}"
     )
 
 

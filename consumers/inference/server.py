@@ -30,6 +30,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rlbus.clients.renderer import Renderer, RendererError
 from rlbus.consumers.inference.api import (
     Delta,
     GenerateRequest,
@@ -52,7 +53,6 @@ from rlbus.consumers.inference.openai_format import (
     request_error_body,
     sampling_params,
 )
-from rlbus.consumers.inference.renderer import Renderer, RendererError
 
 VERSION_HEADER = "x-rlbus-policy-version"
 MAX_VERSION_HEADER = "x-rlbus-policy-version-max"

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from starlette.types import ASGIApp
 
+from rlbus.clients.renderer import make_renderer
 from rlbus.consumers.inference.api import BackendKind, InferenceBackend
-from rlbus.consumers.inference.renderer import make_renderer
 from rlbus.consumers.inference.server import create_app
 
 

@@ -14,8 +14,8 @@ from typing import cast
 
 from rlbus.bus import Bus, Delivery
 from rlbus.config import Settings
-from rlbus.consumers.judge.scoring import Scorer
-from rlbus.producers.env.loader import Environment
+from rlbus.producers.environment.loader import Environment
+from rlbus.producers.environment.scoring import Scorer
 from rlbus.schemas import RolloutCompleted
 
 log = logging.getLogger(__name__)

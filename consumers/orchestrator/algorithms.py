@@ -2,10 +2,10 @@
 
     @algorithm("my-algo")
     class MyAlgo(Algorithm):
-        async def samples(self, group: list[Scored]) -> list[TrainSample]: ...
+        async def samples(self, group: list[GroupMember]) -> list[TrainSample]: ...
 
 and `algorithm = "my-algo"` in an environment's entry of the run config. The trainer never
-learns which algorithm made a sample: it sees mask codes (masks.py), advantages and log-probs.
+learns which algorithm made a sample: it sees mask codes (rlbus.schemas.masks), advantages and log-probs.
 """
 
 from __future__ import annotations
@@ -16,32 +16,14 @@ from typing import Protocol
 
 import msgspec
 import numpy as np
-from pydantic import Field
 
-from rlbus.config import Section
-from rlbus.consumers.trainer import masks
-from rlbus.schemas import RolloutCompleted, RolloutScored, TrainSample
+from rlbus.config.orchestrator import AlgorithmConfig
+from rlbus.schemas import RolloutCompleted, RolloutScored, TrainSample, masks
 from rlbus.schemas.packed import logprobs, mask, pack_logprobs, pack_mask, tokens
 
 
-class AlgorithmConfig(Section):
-    name: str = "grpo"
-    """grpo (default), sft, opd, self-distill, echo, or any name registered with @algorithm."""
-    normalize_std: bool = False
-    """grpo/echo: divide group-relative advantages by the group's reward std (GRPO's original form)."""
-    length_penalty: float = Field(0.0, ge=0)
-    """grpo/echo: reward minus length_penalty * completion tokens / the group's longest, before
-    centering: among equally good answers the shorter ones win."""
-    echo_weight: float = Field(1.0, ge=0)
-    """echo: weight of the cross-entropy on environment tokens (tool results, user turns)."""
-    teacher_url: str = ""
-    """opd: /v1 URL of the teacher's inference server (POST /v1/score); self-distill: empty means the policy's."""
-    hint: str = "Hint: the answer is {answer}\n"
-    """self-distill: text put before the teacher's context ({answer} is the task's answer)."""
-
-
 @dataclass
-class Scored:
+class GroupMember:
     """One rollout of a complete group, with its training samples before the algorithm runs
     (one per trace branch; loss mask 1 on sampled tokens, advantages 0)."""
 
@@ -72,7 +54,7 @@ class Algorithm:
         self.cfg = cfg
         self.ctx = ctx
 
-    async def samples(self, group: Sequence[Scored]) -> list[TrainSample]:
+    async def samples(self, group: Sequence[GroupMember]) -> list[TrainSample]:
         raise NotImplementedError
 
 
@@ -117,7 +99,7 @@ def with_tokens(
     )
 
 
-def _ok(group: Sequence[Scored]) -> list[Scored]:
+def _ok(group: Sequence[GroupMember]) -> list[GroupMember]:
     return [s for s in group if s.scored.status == "ok" and s.samples]
 
 
@@ -125,7 +107,7 @@ def _ok(group: Sequence[Scored]) -> list[Scored]:
 class GRPO(Algorithm):
     """Group-relative: every sampled token of a rollout gets its reward minus the group mean."""
 
-    async def samples(self, group: Sequence[Scored]) -> list[TrainSample]:
+    async def samples(self, group: Sequence[GroupMember]) -> list[TrainSample]:
         ok = _ok(group)
         adv = group_advantages(
             [s.scored.reward for s in ok], [s.scored.completion_tokens for s in ok], self.cfg
@@ -148,7 +130,7 @@ class GRPO(Algorithm):
 class SFT(Algorithm):
     """Imitate the sampled tokens (a teacher's rollouts, or replayed ones): cross-entropy, weight 1."""
 
-    async def samples(self, group: Sequence[Scored]) -> list[TrainSample]:
+    async def samples(self, group: Sequence[GroupMember]) -> list[TrainSample]:
         out = []
         for member in _ok(group):
             for sample in member.samples:
@@ -168,7 +150,7 @@ class Echo(Algorithm):
     """GRPO on the policy's tokens plus cross-entropy on the environment's tokens that follow
     the first sampled one (tool results, user turns): the model also learns to predict the world."""
 
-    async def samples(self, group: Sequence[Scored]) -> list[TrainSample]:
+    async def samples(self, group: Sequence[GroupMember]) -> list[TrainSample]:
         out = []
         for sample in await GRPO(self.cfg, self.ctx).samples(group):
             codes = mask(sample.loss_mask).copy()
@@ -203,7 +185,7 @@ async def _teacher_logprobs(
 class _Distill(Algorithm):
     """Per-token advantage = teacher log-prob - policy (inference) log-prob on sampled tokens."""
 
-    def prefix(self, member: Scored) -> list[int]:
+    def prefix(self, member: GroupMember) -> list[int]:
         return []
 
     def scorer(self) -> TokenScorer:
@@ -211,7 +193,7 @@ class _Distill(Algorithm):
             raise ValueError(f"algorithm {self.cfg.name!r} needs a teacher: set teacher_url")
         return self.ctx.teacher
 
-    async def samples(self, group: Sequence[Scored]) -> list[TrainSample]:
+    async def samples(self, group: Sequence[GroupMember]) -> list[TrainSample]:
         scorer = self.scorer()
         out = []
         for member in _ok(group):
@@ -241,7 +223,7 @@ class OnPolicyDistillation(_Distill):
 class SelfDistill(_Distill):
     """The policy is its own teacher, shown a hint (e.g. the answer) before the context."""
 
-    def prefix(self, member: Scored) -> list[int]:
+    def prefix(self, member: GroupMember) -> list[int]:
         if self.ctx.encode is None:
             raise ValueError(
                 "algorithm 'self-distill' needs the policy's tokenizer to encode its hint"

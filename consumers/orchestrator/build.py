@@ -5,18 +5,15 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rlbus.bus import Bus
-from rlbus.consumers.inference.client import InferenceClient
+from rlbus.clients.inference import InferenceClient
+from rlbus.config.run import RunConfig
 from rlbus.consumers.orchestrator.algorithms import Context, make_algorithm
 from rlbus.consumers.orchestrator.join import Joiner
 from rlbus.consumers.orchestrator.tasks import Source, TaskSource
 from rlbus.consumers.orchestrator.worker import Orchestrator
-from rlbus.producers.env import Environment, load_environment
-
-if TYPE_CHECKING:
-    from rlbus.launcher import RunConfig
+from rlbus.producers.environment import Environment, load_environment
 
 NEEDS_TEACHER = {"opd", "self-distill"}
 

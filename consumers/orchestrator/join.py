@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from rlbus.consumers.orchestrator.algorithms import Scored
-from rlbus.producers.interception import TraceError, trace_samples
+from rlbus.consumers.orchestrator.algorithms import GroupMember
 from rlbus.schemas import Event, RolloutCompleted, RolloutScored, TokenRecord, TraceNode
+from rlbus.schemas.samples import TraceError, trace_samples
 
 
 @dataclass
@@ -40,7 +40,7 @@ class _Parts:
 class Group:
     group_id: str
     env: str
-    members: list[Scored]
+    members: list[GroupMember]
     untrainable: int = 0
     """Members whose trace did not hold together (counted, not trained on)."""
 
@@ -96,5 +96,5 @@ class Joiner:
                     broken += 1
                 temperature = self.temperature(p.rollout.env)
                 samples = [msgspec.structs.replace(s, temperature=temperature) for s in samples]
-            members.append(Scored(p.scored, p.rollout, samples))
+            members.append(GroupMember(p.scored, p.rollout, samples))
         return Group(group_id, members[0].rollout.env, members, broken)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 from rlbus.bus.store import Store
-from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig, Scored, make_algorithm
-from rlbus.producers.interception import trace_samples
+from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig, GroupMember, make_algorithm
 from rlbus.schemas import RolloutCompleted, RolloutScored, TokenRecord, TraceNode, TrainSample
+from rlbus.schemas.samples import trace_samples
 
 
 class ReplayError(ValueError):
@@ -57,5 +57,5 @@ async def stored_samples(store: Store, where: str, run_id: str | None = None) ->
         rollout = RolloutCompleted(
             rollout_id=s.rollout_id, group_id=s.group_id, task_id=s.task_id, env=s.env
         )
-        out.extend(await algo.samples([Scored(s, rollout, samples)]))
+        out.extend(await algo.samples([GroupMember(s, rollout, samples)]))
     return out

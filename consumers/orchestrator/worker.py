@@ -15,13 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rlbus.bus import Bus, Delivery
+from rlbus.config.orchestrator import OrchestratorConfig
 from rlbus.consumers.orchestrator.algorithms import Algorithm
-from rlbus.consumers.orchestrator.config import OrchestratorConfig
 from rlbus.consumers.orchestrator.join import Group, Joiner
 from rlbus.consumers.orchestrator.pacing import Pacer
 from rlbus.consumers.orchestrator.tasks import EVAL_VERSION, SPLIT, TaskSource
-from rlbus.consumers.trainer.staleness import filter_stale
-from rlbus.producers.rollouts import group_id_of
 from rlbus.schemas import (
     TaskPublished,
     TrainBatch,
@@ -29,8 +27,10 @@ from rlbus.schemas import (
     WeightLoaded,
     WeightVersion,
     derived_id,
+    group_id_of,
 )
 from rlbus.schemas.packed import logprobs, mask, tokens
+from rlbus.schemas.staleness import filter_stale
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def take_oldest(ready: list[ReadyGroup], groups: int) -> tuple[list[ReadyGroup],
 
 
 @dataclass
-class Evaluation:
+class HeldOutEval:
     version: int
     pending: set[str]
     rewards: list[float] = field(default_factory=list)
@@ -114,7 +114,7 @@ class Orchestrator:
         """sync: the version inference must serve before the next step's tasks go out."""
         self.collecting = False
         """sync: this step's tasks are out; its batch goes when all have come back."""
-        self.evaluations: dict[int, Evaluation] = {}
+        self.evaluations: dict[int, HeldOutEval] = {}
         self.next_eval: int | None = None
         self.counts = Counts()
         self.counted = Counts()
@@ -226,7 +226,7 @@ class Orchestrator:
         else:
             self.next_eval = None
         tasks = self.tasks.eval_set(version, self.cfg.eval_tasks, self.cfg.eval_group_size)
-        self.evaluations[version] = Evaluation(version, {group_id_of(t) for t in tasks})
+        self.evaluations[version] = HeldOutEval(version, {group_id_of(t) for t in tasks})
         await self.bus.publish_many(tasks)
 
     async def _publish_tasks(self, n: int) -> None:

@@ -34,7 +34,7 @@ class MicroBatch:
     """[B, T] int64, right-padded."""
     attention_mask: torch.Tensor
     loss_mask: torch.Tensor
-    """[B, T] uint8 mask codes (masks.py); position i scores token i given tokens < i."""
+    """[B, T] uint8 mask codes (rlbus.schemas.masks); position i scores token i given tokens < i."""
     advantages: torch.Tensor
     inference_logprobs: torch.Tensor
     teacher_logprobs: torch.Tensor | None

@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from rlbus.consumers.trainer import masks
+from rlbus.config.trainer import OptimConfig, TrainerConfig
 from rlbus.consumers.trainer.batching import MicroBatch, micro_batches
-from rlbus.consumers.trainer.config import OptimConfig, TrainerConfig
 from rlbus.consumers.trainer.distributed import Ranks, SingleProcess
 from rlbus.consumers.trainer.losses import TokenTensors, get_loss, mismatch_kl, supervised_loss
 from rlbus.consumers.trainer.model import token_logprobs
-from rlbus.schemas import TrainSample
+from rlbus.schemas import TrainSample, masks
 
 
 @dataclass

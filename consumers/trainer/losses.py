@@ -6,7 +6,7 @@ add up to one mean over the whole step.
     def my_loss(t: TokenTensors, cfg: LossConfig) -> LossOutput: ...
 
 and `[trainer.loss] name = "my-loss"` in config. Supervised tokens (mask value 2) get
-cross-entropy whichever loss is named (see masks.py).
+cross-entropy whichever loss is named (see rlbus.schemas.masks).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlbus.consumers.trainer.config import LossConfig
+from rlbus.config.trainer import LossConfig
 
 
 @dataclass

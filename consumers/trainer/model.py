@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rlbus.config.trainer import LoraConfig
 from rlbus.consumers.trainer.batching import MicroBatch
-from rlbus.consumers.trainer.config import LoraConfig
 
 
 def load_policy(path: str | Path, lora: LoraConfig, device: str = "cpu") -> nn.Module:

@@ -17,8 +17,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, NothingToResume, TrainerState
-from rlbus.consumers.trainer.config import TrainerConfig
 from rlbus.consumers.trainer.distributed import TorchRanks
 from rlbus.consumers.trainer.engine import Trainer
 from rlbus.consumers.trainer.model import full_weights, load_policy

@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rlbus.consumers.trainer.config import TrainerConfig
+from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.trainer.engine import StepResult, Trainer
 from rlbus.consumers.trainer.model import load_policy, save_model
 from rlbus.schemas import TrainSample

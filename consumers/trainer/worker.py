@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from rlbus.bus import Bus, Delivery
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, TrainerState
 from rlbus.consumers.trainer.engine import StepResult
-from rlbus.consumers.trainer.staleness import filter_stale
 from rlbus.schemas import TrainBatch, TrainSample, TrainStep, WeightVersion, derived_id
+from rlbus.schemas.staleness import filter_stale
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import operator
 
-from rlbus.producers.env import TaskSet, metric, reward, tool
+from rlbus.producers.environment import TaskSet, metric, reward, tool
 from rlbus.producers.tasksets.sources import reasoning_gym
 
 _OPS = {

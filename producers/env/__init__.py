@@ -1,39 +1,14 @@
-"""Environment definition: a task set (data + rules), tagged rewards/metrics/tools, and its
-run configuration (harness, runtime, group size, sampling) from TOML."""
+"""Deprecated name of `rlbus.producers.environment` (renamed so the environment definition is
+not confused with the env producer, `rlbus.producers.env_producer`). Kept for environments
+written against it; it will be removed in a later release."""
 
-from rlbus.producers.env.config import (
-    EnvConfig,
-    HarnessConfig,
-    McpServerConfig,
-    ModelConfig,
-    RuntimeConfig,
-    SamplingConfig,
-    UserModelConfig,
+import warnings
+
+from rlbus.producers.environment import *  # noqa: F403
+from rlbus.producers.environment import __all__  # noqa: F401
+
+warnings.warn(
+    "rlbus.producers.env is now rlbus.producers.environment; update the import",
+    DeprecationWarning,
+    stacklevel=2,
 )
-from rlbus.producers.env.decorators import group_reward, metric, reward, tool, user
-from rlbus.producers.env.loader import Environment, load_environment, resolve_taskset
-from rlbus.producers.env.rules import Rule, RuleError, Rules, discover
-from rlbus.producers.env.taskset import TaskSet
-
-__all__ = [
-    "EnvConfig",
-    "Environment",
-    "HarnessConfig",
-    "McpServerConfig",
-    "ModelConfig",
-    "Rule",
-    "RuleError",
-    "Rules",
-    "RuntimeConfig",
-    "SamplingConfig",
-    "TaskSet",
-    "UserModelConfig",
-    "discover",
-    "group_reward",
-    "load_environment",
-    "metric",
-    "resolve_taskset",
-    "reward",
-    "tool",
-    "user",
-]

@@ -4,7 +4,7 @@ continues the conversation. Ends when nobody has more to say or after `max_turns
 
 from __future__ import annotations
 
-from rlbus.producers.env.config import HarnessConfig
+from rlbus.config.env import HarnessConfig
 from rlbus.producers.harnesses.base import Rollout
 from rlbus.producers.harnesses.tools import open_toolbox
 from rlbus.producers.harnesses.users import UserSimulator

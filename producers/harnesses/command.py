@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from rlbus.producers.env.config import HarnessConfig
+from rlbus.config.env import HarnessConfig
 from rlbus.producers.harnesses.base import HarnessError, Rollout
 from rlbus.schemas import Messages
 from rlbus.schemas.messages import text_of

@@ -12,8 +12,8 @@ from typing import Any
 
 import pydantic
 
-from rlbus.producers.env.config import McpServerConfig
-from rlbus.producers.env.rules import Rule
+from rlbus.config.env import McpServerConfig
+from rlbus.producers.environment.rules import Rule
 from rlbus.producers.harnesses.base import Rollout
 
 Call = Callable[[dict[str, Any], Rollout], Awaitable[str]]

@@ -9,8 +9,8 @@ from typing import Any, Protocol
 
 import openai
 
-from rlbus.producers.env.config import UserModelConfig
-from rlbus.producers.env.rules import Rule
+from rlbus.config.env import UserModelConfig
+from rlbus.producers.environment.rules import Rule
 from rlbus.producers.harnesses.base import Rollout
 from rlbus.schemas import Messages
 from rlbus.schemas.messages import text_of

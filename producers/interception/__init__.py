@@ -3,7 +3,6 @@ Anthropic messages, forwarding to an eval or train backend, recording every call
 
 from rlbus.producers.interception.backends import EvalBackend, TokenBackend, make_backend
 from rlbus.producers.interception.calls import Backend, CallResult, ModelCall, Prior, UpstreamError
-from rlbus.producers.interception.samples import TraceError, branch_paths, trace_samples
 from rlbus.producers.interception.server import InterceptionServer, RolloutSession
 from rlbus.producers.interception.trace import Trace
 
@@ -17,9 +16,6 @@ __all__ = [
     "RolloutSession",
     "TokenBackend",
     "Trace",
-    "TraceError",
     "UpstreamError",
-    "branch_paths",
     "make_backend",
-    "trace_samples",
 ]

@@ -15,8 +15,8 @@ from typing import Any
 import msgspec
 import openai
 
-from rlbus.consumers.inference.client import InferenceClient, InferenceError
-from rlbus.producers.env.config import ModelConfig
+from rlbus.clients.inference import InferenceClient, InferenceError
+from rlbus.config.env import ModelConfig
 from rlbus.producers.interception.calls import CallResult, ModelCall, Prior, UpstreamError
 from rlbus.producers.interception.messages import assistant_message
 
@@ -93,7 +93,7 @@ class TokenBackend:
     mode = "train"
 
     def __init__(self, config: ModelConfig, renderer: Any | None = None):
-        """`renderer`: anything with render/extend/parse (rlbus.consumers.inference.renderer);
+        """`renderer`: anything with render/extend/parse (rlbus.clients.renderer);
         built from model.tokenizer when not given."""
         if not config.base_url:
             raise ValueError("train mode needs model.base_url (the inference server's /v1 URL)")
@@ -109,7 +109,7 @@ class TokenBackend:
             )
         from transformers import AutoTokenizer
 
-        from rlbus.consumers.inference.renderer import make_renderer
+        from rlbus.clients.renderer import make_renderer
 
         return make_renderer(AutoTokenizer.from_pretrained(config.tokenizer), config.renderer)
 

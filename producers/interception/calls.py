@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from rlbus.producers.env.config import SamplingConfig
+from rlbus.config.env import SamplingConfig
 from rlbus.producers.interception.messages import Message
 
 Tools = list[dict[str, Any]] | None

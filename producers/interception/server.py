@@ -26,7 +26,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from rlbus.bus import telemetry
-from rlbus.producers.env.config import SamplingConfig
+from rlbus.config.env import SamplingConfig
 from rlbus.producers.interception.anthropic_messages import AnthropicMessages
 from rlbus.producers.interception.calls import Backend, CallResult, ModelCall, Tools, UpstreamError
 from rlbus.producers.interception.openai_chat import OpenAIChat

@@ -1,6 +1,6 @@
 """Runtimes: where a rollout's programs run (local, subprocess with limits, docker)."""
 
-from rlbus.producers.env.config import RuntimeConfig
+from rlbus.config.env import RuntimeConfig
 from rlbus.producers.runtimes.base import ExecResult, Runtime, Sandbox, run_process
 from rlbus.producers.runtimes.docker import DockerRuntime, docker_problem
 from rlbus.producers.runtimes.local import LocalRuntime, SubprocessRuntime

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from rlbus.producers.env.config import RuntimeConfig
+from rlbus.config.env import RuntimeConfig
 
 TAIL = 4000
 """Characters of stdout/stderr kept in results and error messages."""

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlbus.producers.env.config import RuntimeConfig
+from rlbus.config.env import RuntimeConfig
 from rlbus.producers.runtimes.base import ExecResult, Workdir, run_process, workdir
 
 

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, console, settings_from
 from rlbus.config import Settings
-from rlbus.runtime import local_broker, require_bootstrap
+from rlbus.discovery import local_broker, require_bootstrap
 from rlbus.schemas import TOPICS
 
 

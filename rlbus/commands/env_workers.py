@@ -20,8 +20,8 @@ from rlbus.commands.common import (
 )
 from rlbus.commands.eval import EnvArgument, env_overrides
 from rlbus.config import ConfigError
-from rlbus.producers.env import Environment, load_environment
-from rlbus.runtime import require_bootstrap
+from rlbus.discovery import require_bootstrap
+from rlbus.producers.environment import Environment, load_environment
 
 
 def _load(spec: str, overrides: dict) -> Environment:
@@ -53,7 +53,7 @@ def env(
     config: ConfigOption = None,
 ) -> None:
     """Env producer: consume `tasks` of ENV, run each task's group, publish traces, tokens and rollouts."""
-    from rlbus.producers.worker import run_env_producer
+    from rlbus.producers.env_producer import run_env_producer
 
     settings = require_bootstrap(settings_from(ctx, config))
     setup_telemetry(settings.telemetry, "env")

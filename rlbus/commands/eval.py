@@ -24,14 +24,14 @@ from rlbus.commands.common import (
     err_console,
     settings_from,
 )
-from rlbus.config import ConfigError, Settings
+from rlbus.config import ConfigError, Settings, data_dir
+from rlbus.discovery import local_broker, store_served_elsewhere
 from rlbus.processes import RoleProcess, wait_for
-from rlbus.producers.env import Environment, load_environment
+from rlbus.producers.environment import Environment, load_environment
 from rlbus.producers.eval_report import Report, eval_report, latest_run, scored_tasks
-from rlbus.producers.evaluation import Evaluation, Tally
+from rlbus.producers.evaluation import EvalPipeline, Tally
 from rlbus.producers.interception import InterceptionServer, make_backend
 from rlbus.producers.rollouts import RolloutRunner
-from rlbus.runtime import data_dir, local_broker, store_served_elsewhere
 from rlbus.schemas import TaskPublished, derived_id
 
 
@@ -123,7 +123,7 @@ async def _evaluate(
         Bus(settings) as bus,
         InterceptionServer(make_backend(env.config.model), env.config.sampling) as server,
     ):
-        return await Evaluation(RolloutRunner(env, server), bus, on_group).run(tasks)
+        return await EvalPipeline(RolloutRunner(env, server), bus, on_group).run(tasks)
 
 
 def run_eval(

@@ -9,7 +9,7 @@ import typer
 from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, settings_from
 from rlbus.consumers.inference.api import BackendKind
 from rlbus.consumers.inference.cli import model_app, serve
-from rlbus.runtime import require_bootstrap
+from rlbus.discovery import require_bootstrap
 
 
 def inference(

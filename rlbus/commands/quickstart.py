@@ -18,9 +18,10 @@ from rich.table import Table
 from rlbus.bus.store import open_store
 from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, console, settings_from
 from rlbus.commands.tasks import publish_tasks
+from rlbus.config import data_dir
+from rlbus.discovery import local_broker, store_served_elsewhere
 from rlbus.processes import RoleProcess, wait_for
-from rlbus.producers.tasksets.samples import reverse_text
-from rlbus.runtime import data_dir, local_broker, store_served_elsewhere
+from rlbus.producers.tasksets.generated import reverse_text
 
 
 def _count(url: str, run_id: str) -> int:

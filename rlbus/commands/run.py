@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import Field
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlbus.bus import Bus
@@ -21,9 +20,9 @@ from rlbus.commands.common import (
     run_until_signal,
 )
 from rlbus.config import ConfigError, Settings, load_settings
-from rlbus.consumers.trainer.config import TrainerConfig
-from rlbus.launcher import LocalRun, RunConfig
-from rlbus.runtime import require_bootstrap
+from rlbus.config.run import ReplayConfig, RunConfig
+from rlbus.discovery import require_bootstrap
+from rlbus.launcher import LocalRun
 
 replay_app = typer.Typer(
     help="Train on stored rollouts (exact stored token ids, never re-rendered text).",
@@ -181,18 +180,6 @@ def orchestrator(
             return summary(orch)
 
     console.print(run_until_signal(main))
-
-
-class ReplayConfig(Settings):
-    """`rlbus replay sft` settings: the trainer table plus how long to train."""
-
-    trainer: TrainerConfig = TrainerConfig()
-    batch_size: int = Field(64, ge=1)
-    """Samples per optimizer step."""
-    steps: int = Field(100, ge=1)
-    """Optimizer steps (samples are reshuffled each pass over them)."""
-    seed: int = 0
-    """Seed of the sample order."""
 
 
 @replay_app.command("sft", context_settings=OVERRIDES, epilog=OVERRIDES_HELP)

@@ -21,8 +21,8 @@ from rlbus.commands.common import (
     settings_from,
 )
 from rlbus.config import Settings
+from rlbus.discovery import require_bootstrap
 from rlbus.producers.tasksets import TaskSourceError, load_tasks
-from rlbus.runtime import require_bootstrap
 from rlbus.schemas import TaskPublished
 
 tasks_app = typer.Typer(help="Publish tasks for environments.", no_args_is_help=True)

@@ -17,7 +17,7 @@ from rlbus.commands.common import (
     settings_from,
 )
 from rlbus.consumers.sink import run_sink
-from rlbus.runtime import require_bootstrap
+from rlbus.discovery import require_bootstrap
 
 
 def sink(ctx: typer.Context, config: ConfigOption = None) -> None:

@@ -6,8 +6,23 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from rlbus.config import Section
-from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig
+from rlbus.config.base import Section
+
+
+class AlgorithmConfig(Section):
+    name: str = "grpo"
+    """grpo (default), sft, opd, self-distill, echo, or any name registered with @algorithm."""
+    normalize_std: bool = False
+    """grpo/echo: divide group-relative advantages by the group's reward std (GRPO's original form)."""
+    length_penalty: float = Field(0.0, ge=0)
+    """grpo/echo: reward minus length_penalty * completion tokens / the group's longest, before
+    centering: among equally good answers the shorter ones win."""
+    echo_weight: float = Field(1.0, ge=0)
+    """echo: weight of the cross-entropy on environment tokens (tool results, user turns)."""
+    teacher_url: str = ""
+    """opd: /v1 URL of the teacher's inference server (POST /v1/score); self-distill: empty means the policy's."""
+    hint: str = "Hint: the answer is {answer}\n"
+    """self-distill: text put before the teacher's context ({answer} is the task's answer)."""
 
 
 class EnvEntry(Section):

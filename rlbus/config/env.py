@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from rlbus.config import Section
+from rlbus.config.base import Section
 
 
 class SamplingConfig(Section):

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlbus.producers.env.decorators import TAG, Kind, Tag
+from rlbus.producers.environment.decorators import TAG, Kind, Tag
 
 ROLLOUT_ARGS = frozenset(
     {"task", "prompt", "completion", "text", "answer", "info", "state", "rollout"}

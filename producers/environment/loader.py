@@ -17,10 +17,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rlbus.config import ConfigError, _deep_merge, format_validation_error
-from rlbus.producers.env.config import EnvConfig
-from rlbus.producers.env.rules import Rules, discover
-from rlbus.producers.env.taskset import TaskSet
+from rlbus.config import ConfigError, deep_merge, format_validation_error
+from rlbus.config.env import EnvConfig
+from rlbus.producers.environment.rules import Rules, discover
+from rlbus.producers.environment.taskset import TaskSet
 from rlbus.producers.tasksets.sources import to_task
 from rlbus.producers.tasksets.stream import TaskStream
 
@@ -136,7 +136,7 @@ def load_environment(spec: str, overrides: dict[str, Any] | None = None) -> Envi
         cls, ref = resolve_taskset(table["taskset"], file.parent)
     else:
         cls, ref = resolve_taskset(spec)
-    merged = _deep_merge(_deep_merge(dict(cls.defaults), table), overrides or {})
+    merged = deep_merge(deep_merge(dict(cls.defaults), table), overrides or {})
     merged["taskset"] = ref
     try:
         config = EnvConfig(**merged)

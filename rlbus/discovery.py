@@ -1,4 +1,5 @@
-"""Where a local run keeps its state, and how other commands find its embedded broker.
+"""Finding the local broker and store: how commands find an embedded broker another command
+started, and whether another process holds the chdb store.
 
 `rlbus broker`, `rlbus quickstart` and `rlbus run` write the embedded broker's address to
 `<data dir>/.rlbus-broker`; commands with no `kafka.bootstrap_servers` configured use it.
@@ -10,19 +11,12 @@ import contextlib
 import os
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 
 from rlbus.bus import EmbeddedBroker
 from rlbus.bus.store.holder import holder_pid, read_endpoint
-from rlbus.config import Settings
+from rlbus.config import Settings, data_dir
 
 BROKER_FILE = ".rlbus-broker"
-
-
-def data_dir(settings: Settings) -> Path:
-    """The chdb store's directory; for a server store, ./rlbus-data still holds local state."""
-    url = settings.store.url
-    return Path(url[len("chdb://") :]) if url.startswith("chdb://") else Path("rlbus-data")
 
 
 def store_served_elsewhere(settings: Settings) -> bool:

@@ -1,6 +1,7 @@
-"""A stored trace as training samples: one per branch, the branch's full context with a loss
-mask over the tokens its own calls sampled (tokens a branch shares with its parent branch are
-context there, so no token is trained twice)."""
+"""The trace -> training samples contract, shared by the orchestrator and `rlbus replay`: one
+sample per branch, the branch's full context with a loss mask over the tokens its own calls
+sampled (tokens a branch shares with its parent branch are context there, so no token is
+trained twice)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from rlbus.schemas import TokenRecord, TraceNode, TrainSample
+from rlbus.schemas.events import TokenRecord, TraceNode, TrainSample
 from rlbus.schemas.packed import logprobs as unpack_logprobs
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 from rlbus.schemas.packed import tokens as unpack_tokens
@@ -39,11 +40,9 @@ def branch_paths(nodes: Iterable[TraceNode]) -> dict[str, list[TraceNode]]:
     return paths
 
 
-def trace_samples(
-    nodes: Iterable[TraceNode], records: Iterable[TokenRecord], advantage: float = 0.0
-) -> list[TrainSample]:
-    """Training samples of one rollout's trace; `advantage` fills the per-token advantages under
-    the mask (the orchestrator's algorithm decides it)."""
+def trace_samples(nodes: Iterable[TraceNode], records: Iterable[TokenRecord]) -> list[TrainSample]:
+    """Training samples of one rollout's trace, with advantages 0: the orchestrator's algorithm
+    fills them in."""
     by_call = {r.call_index: r for r in records}
     samples = []
     for branch, path in branch_paths(nodes).items():
@@ -76,7 +75,7 @@ def trace_samples(
                 rollout_id=path[-1].rollout_id,
                 input_ids=pack_tokens(np.concatenate(ids) if ids else []),
                 loss_mask=pack_mask(all_mask),
-                advantages=pack_logprobs(all_mask.astype(np.float32) * advantage),
+                advantages=pack_logprobs(np.zeros(len(all_mask), np.float32)),
                 inference_logprobs=pack_logprobs(np.concatenate(lps) if lps else []),
                 policy_version=min(versions, default=0),
             )

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rlbus.schemas import TrainSample
+from rlbus.schemas.events import TrainSample
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Any
 
 from rlbus.bus import Bus, Delivery
 from rlbus.config import Settings
-from rlbus.producers.env.loader import Environment
+from rlbus.producers.environment.loader import Environment
 from rlbus.producers.interception import InterceptionServer, make_backend
 from rlbus.producers.rollouts import RolloutRunner
 from rlbus.schemas import TaskPublished

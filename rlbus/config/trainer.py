@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from rlbus.config import Section
+from rlbus.config.base import Section
 
 
 class LossConfig(Section):

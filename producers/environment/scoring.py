@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlbus.producers.env.loader import Environment
-from rlbus.producers.env.rules import Rule
+from rlbus.producers.environment.loader import Environment
+from rlbus.producers.environment.rules import Rule
 from rlbus.schemas import Event, RolloutCompleted, RolloutScored, TaskPublished, derived_id
 from rlbus.schemas.events import RolloutEvent
 from rlbus.schemas.messages import text_of

@@ -1,0 +1,69 @@
+"""Configs of whole runs: `rlbus run` (every role's settings in one TOML file) and
+`rlbus replay sft`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rlbus.config.base import ConfigError, Section
+from rlbus.config.orchestrator import EnvEntry, OrchestratorConfig
+from rlbus.config.settings import Settings, data_dir
+from rlbus.config.trainer import TrainerConfig
+
+
+class InferenceConfig(Section):
+    url: str = ""
+    """/v1 URL of a running inference server that follows this run's weights; empty: start one."""
+    backend: Literal["hf", "vllm"] = "hf"
+    """Engine of the inference server `rlbus run` starts."""
+    device: str = "cpu"
+    """Device of that server."""
+    port: int = Field(0, ge=0)
+    """Its port; 0: a free one."""
+    threads: int = Field(1, ge=1)
+    """torch intra-op threads of that server (1 suits tiny models on a small machine)."""
+
+
+class RunConfig(Settings):
+    """A training run: the settings of every role, in one TOML file."""
+
+    model: str = ""
+    """Hugging Face model directory the policy starts from (e.g. from `rlbus model init`)."""
+    max_steps: int = Field(20, ge=1)
+    """Optimizer steps of the run; the LR schedule ends here."""
+    orchestrator: OrchestratorConfig = OrchestratorConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    inference: InferenceConfig = InferenceConfig()
+    envs: dict[str, EnvEntry] = {}
+    """Environments by name: [envs.NAME] path = "...", algorithm.name = "grpo", overrides..."""
+
+    def check(self) -> RunConfig:
+        """What the model cannot check field by field (load_settings builds it empty first)."""
+        if not self.model:
+            raise ConfigError(
+                "model is not set: give a model directory (rlbus model init PATH makes one)"
+            )
+        if not self.envs:
+            raise ConfigError('no environments: add an [envs.NAME] table with path = "env.toml"')
+        return self
+
+    def base(self) -> Settings:
+        """The shared settings alone, for roles that take no run config (sink, env, judge, inference)."""
+        return Settings.model_validate(self.model_dump(include=set(Settings.model_fields)))
+
+    def checkpoint_url(self) -> str:
+        return self.trainer.checkpoint_url or str(data_dir(self) / "checkpoints" / self.run_id)
+
+
+class ReplayConfig(Settings):
+    """`rlbus replay sft` settings: the trainer table plus how long to train."""
+
+    trainer: TrainerConfig = TrainerConfig()
+    batch_size: int = Field(64, ge=1)
+    """Samples per optimizer step."""
+    steps: int = Field(100, ge=1)
+    """Optimizer steps (samples are reshuffled each pass over them)."""
+    seed: int = 0
+    """Seed of the sample order."""
