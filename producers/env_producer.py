@@ -39,13 +39,13 @@ class EnvProducer:
 async def run_env_producer(
     settings: Settings, env: Environment, stop: asyncio.Event, renderer: Any | None = None
 ) -> EnvProducer:
-    """Run until `stop` is set. `renderer` (train mode) overrides the one built from model.tokenizer."""
+    """Run until `stop` is set. `renderer` (train mode) overrides the one built from
+    model.tokenizer."""
     backend = make_backend(env.config.model, renderer)
-    async with Bus(settings) as bus, InterceptionServer(backend, env.config.sampling) as server:
+    async with Bus.of(settings) as bus, InterceptionServer(backend, env.config.sampling) as server:
         producer = EnvProducer(env, bus, RolloutRunner(env, server))
         # Tasks in flight: enough to keep max_concurrent_rollouts busy at the configured group size.
         concurrency = max(1, env.config.max_concurrent_rollouts // env.config.group_size)
-        await bus.consume(
-            group_name(env), ["tasks"], on_event=producer.handle, stop=stop, concurrency=concurrency
-        )
+        consume = bus.subscriber("tasks", group=group_name(env), concurrency=concurrency)
+        await consume(producer.handle).run(stop)
     return producer
