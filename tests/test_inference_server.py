@@ -189,7 +189,7 @@ async def test_inference_client_generates_scores_and_names_failures(
 ) -> None:
     client = InferenceClient(f"{server[0]}/v1", timeout_s=60)
     try:
-        sampling = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        sampling = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
         out = await client.generate([10, 20, 30], sampling)
         assert len(out.completion_ids) == 6 == len(out.logprobs) and out.policy_version == 0
         scored = await client.score([10, 20, 30], out.completion_ids, 1.0)
@@ -201,7 +201,7 @@ async def test_inference_client_generates_scores_and_names_failures(
         await client.close()
     down = InferenceClient(f"http://127.0.0.1:{free_port()}/v1")
     with pytest.raises(InferenceError, match="unreachable") as unreachable:
-        await down.generate([1], {"max_tokens": 1})
+        await down.generate([1], SamplingParams(max_tokens=1))
     assert unreachable.value.status == 502
     await down.close()
 
