@@ -64,11 +64,11 @@ class ServerThread:
             time.sleep(0.01)
 
     def close(self) -> None:
-        if not self._thread.is_alive():
-            return
-        self._server.should_exit = True
-        self._server.force_exit = not self._graceful
-        self._thread.join()
+        if self._thread.is_alive():
+            self._server.should_exit = True
+            self._server.force_exit = not self._graceful
+            self._thread.join()
+        self._socket.close()  # uvicorn closes it too, unless it never started
 
     def __enter__(self) -> ServerThread:
         self.start()
