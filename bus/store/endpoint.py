@@ -78,6 +78,7 @@ _STATUS_BY_CODE = {
 }
 """As a ClickHouse server answers: unknown table/database 404, syntax 400, read-only 403."""
 _CODE = re.compile(r"Code: (\d+)")
+_PLAIN = "text/plain; charset=UTF-8"
 _TEXT_FORMATS = ("TabSeparated", "TSV", "CSV", "Pretty", "Vertical", "Markdown", "Values")
 
 
@@ -102,11 +103,10 @@ def _content_type(fmt: str) -> str:
     if fmt.startswith("JSON"):
         return "application/json; charset=UTF-8"
     if fmt.startswith(_TEXT_FORMATS):
-        return "text/plain; charset=UTF-8"
+        return _PLAIN
     return "application/octet-stream"
 
 
-_PLAIN = "text/plain; charset=UTF-8"
 CLOSE_WAIT_S = 10
 """Seconds closing the endpoint waits for queries in flight before dropping them."""
 
@@ -119,20 +119,21 @@ class _Queries:
         self.timezone = timezone
 
     async def handle(self, request: Request) -> Response:
-        # Last value wins for a repeated parameter, as before; blank values are kept.
-        params = dict(request.query_params)
+        params = dict(request.query_params)  # a repeated parameter counts once: its last value
         path = request.url.path
         if path in ("/ping", "/") and request.method == "GET" and "query" not in params:
             return _reply(HTTPStatus.OK, b"Ok.\n", {"Content-Type": _PLAIN})
         if path != "/":
             return _reply(HTTPStatus.NOT_FOUND, f"no handler for {path}\n".encode(), {})
-        # Multipart bodies are refused before being read; the server decodes chunked ones.
-        form = "multipart/form-data" in request.headers.get("Content-Type", "")
-        body = b"" if form else await request.body()
         try:
-            answer, headers = await run_in_threadpool(
-                self.answer, params, request.headers, body, form
-            )
+            if "multipart/form-data" in request.headers.get("Content-Type", ""):
+                raise QueryError(
+                    UNSUPPORTED_METHOD,
+                    "form-encoded queries are not supported; send the query as the body",
+                    "UNSUPPORTED_METHOD",
+                )
+            body = await request.body()  # chunked bodies arrive decoded
+            answer, headers = await run_in_threadpool(self._answer, params, request.headers, body)
         except QueryError as exc:
             return _reply(
                 _STATUS_BY_CODE.get(exc.code, HTTPStatus.INTERNAL_SERVER_ERROR),
@@ -141,15 +142,9 @@ class _Queries:
             )
         return _reply(HTTPStatus.OK, answer, headers)
 
-    def answer(
-        self, params: dict[str, str], headers: Mapping[str, str], body: bytes, form: bool
+    def _answer(
+        self, params: dict[str, str], headers: Mapping[str, str], body: bytes
     ) -> tuple[bytes, dict[str, str]]:
-        if form:
-            raise QueryError(
-                UNSUPPORTED_METHOD,
-                "form-encoded queries are not supported; send the query as the body",
-                "UNSUPPORTED_METHOD",
-            )
         return self._execute(self._statement(params, headers, body), params)
 
     def _statement(self, params: dict[str, str], headers: Mapping[str, str], raw: bytes) -> str:
