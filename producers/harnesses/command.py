@@ -2,7 +2,8 @@
 (and API keys) pointing at the rollout's own interception URL. The program needs no rlbus code.
 It finds the task in $RLBUS_TASK_FILE (JSON: task_id, prompt, messages, info) and the prompt's
 last user text on stdin; its stdout is kept in state["stdout"]. In `command`, {python} is this
-interpreter, {workdir} the rollout's directory and {env_dir} the environment's own directory."""
+interpreter, {workdir} the rollout's directory and {env_dir} the environment's own directory
+(a sandbox lets the program read that directory, and reach its own URL only)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,13 @@ class CommandHarness:
             **self.config.env,
         }
         user = next((m for m in reversed(rollout.prompt) if m.get("role") == "user"), {})
-        result = await sandbox.run(argv, env, stdin=text_of(user.get("content")).encode())
+        result = await sandbox.run(
+            argv,
+            env,
+            stdin=text_of(user.get("content")).encode(),
+            readable=[rollout.env.root],
+            endpoint=session,
+        )
         rollout.state.update(stdout=result.stdout, exit_code=result.returncode)
         if result.error_kind:
             raise HarnessError(result.error_kind, result.error)

@@ -77,7 +77,10 @@ def post_huge(url: str, size: int, chunked: bool) -> tuple[int, str, float]:
 
         reader = threading.Thread(target=read)
         reader.start()
-        head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n"
+            "Content-Type: application/json\r\n"
+        )
         sock.sendall(f"{head}{framing}\r\n\r\n".encode())
         block = b"x" * MIB
         with contextlib.suppress(OSError):
