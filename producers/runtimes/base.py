@@ -38,6 +38,8 @@ class ExecResult:
     error: str = ""
     peak_mb: float | None = None
     """The program tree's peak memory, where it was measured (cgroup or watchdog)."""
+    cpu_s: float | None = None
+    """CPU time of the program's whole tree, where it was measured (cgroup)."""
 
 
 class Endpoint(Protocol):
@@ -206,8 +208,9 @@ async def run_process(
             await asyncio.wait_for(readers, 5)
         except TimeoutError:
             readers.cancel()  # something outside the tree still holds the pipes
-        over, peak = (tree.memory_exceeded(), tree.peak_mb()) if tree is not None else (False, None)
+        over, peak, cpu = False, None, None
         if tree is not None:
+            over, peak, cpu = tree.memory_exceeded(), tree.peak_mb(), tree.cpu_s()
             await tree.close()
     stdout, stderr = out.decode(errors="replace")[-TAIL:], err.decode(errors="replace")[-TAIL:]
     kind, message = _classify(proc.returncode, stderr, config, timed_out, tree, over)
@@ -221,6 +224,7 @@ async def run_process(
         kind,
         f"{argv[0]} {message}" if kind else "",
         peak,
+        cpu,
     )
 
 

@@ -3,7 +3,8 @@
 `Cgroup`, where this host lets this process make cgroups (v2 with the memory controller
 delegated to our cgroup, or the v1 memory hierarchy): the program's first process joins a cgroup
 of its own before exec, so every descendant is in it whatever it does (setsid, double fork); the
-memory, pids and CPU limits hold for the tree, and the kill takes every member.
+memory, pids and CPU limits hold for the tree, the kill takes every member, and the tree's CPU
+time and peak memory are measured.
 
 `Watched`, elsewhere: an address-space limit per process, the first process made the subreaper
 of its descendants, and a watchdog that sums the tree's RSS every 100 ms and kills the whole
@@ -53,6 +54,9 @@ class Tree(Protocol):
 
     def peak_mb(self) -> float | None: ...
 
+    def cpu_s(self) -> float | None:
+        """CPU time the whole tree used, where measured (a cgroup)."""
+
     async def close(self) -> None:
         """Kill what is left and release what holds the tree."""
 
@@ -61,7 +65,7 @@ class Tree(Protocol):
 class CgroupHost:
     version: int
     parents: dict[str, Path]
-    """This process's own cgroup directory per usable controller (memory, pids, cpu)."""
+    """This process's own cgroup directory per usable controller (memory, pids, cpu, cpuacct)."""
 
 
 def _own_cgroups() -> dict[str, str]:
@@ -109,11 +113,12 @@ def cgroup_host() -> CgroupHost | None:
         if directory is not None:
             enabled = (directory / "cgroup.subtree_control").read_text().split()
             if "memory" in enabled:
-                wanted = ("memory", "pids", "cpu")
-                return CgroupHost(2, {c: directory for c in wanted if c in enabled})
+                # cpu.stat's usage is there whatever is enabled: cpuacct is that in v2.
+                wanted = [c for c in ("memory", "pids", "cpu") if c in enabled]
+                return CgroupHost(2, {c: directory for c in [*wanted, "cpuacct"]})
     parents: dict[str, Path] = {}
     for fstype, mount, root, options in mounts:
-        for controller in ("memory", "pids", "cpu"):
+        for controller in ("memory", "pids", "cpu", "cpuacct"):
             if fstype == "cgroup" and controller in options and controller not in parents:
                 directory = _usable(mount, root, own.get(controller))
                 if directory is not None:
@@ -155,7 +160,12 @@ class Cgroup:
         self.kind = f"cgroup v{host.version}"
         self.limited = config.memory_mb is not None
         name = f"rlbus-{os.getpid()}-{next(_names)}"
-        wanted = {"memory": True, "pids": config.pids_max is not None, "cpu": bool(config.cpus)}
+        wanted = {
+            "memory": True,
+            "pids": config.pids_max is not None,
+            "cpu": bool(config.cpus),
+            "cpuacct": True,
+        }
         self.dirs: dict[str, Path] = {}
         try:
             for controller, parent in host.parents.items():
@@ -233,6 +243,16 @@ class Cgroup:
             self.main / ("memory.peak" if self.version == 2 else "memory.max_usage_in_bytes")
         )
         return None if peak is None else peak / (1 << 20)
+
+    def cpu_s(self) -> float | None:
+        accounted = self.dirs.get("cpuacct")
+        if accounted is None:
+            return None
+        if self.version == 2:
+            used = _read_int(accounted / "cpu.stat", "usage_usec")
+            return None if used is None else used / 1e6
+        used = _read_int(accounted / "cpuacct.usage")
+        return None if used is None else used / 1e9
 
     def _remove(self) -> list[Path]:
         left = []
@@ -335,6 +355,9 @@ class Watched:
 
     def peak_mb(self) -> float | None:
         return self.peak / (1 << 20) if self._watch is not None else None
+
+    def cpu_s(self) -> float | None:
+        return None
 
     async def close(self) -> None:
         if self._watch is not None:
