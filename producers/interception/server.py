@@ -210,7 +210,8 @@ class InterceptionServer:
         finally:
             server.close()
             for protocol in connections:
-                protocol.shutdown()  # type: ignore[attr-defined]
+                if protocol in state.connections:  # still open
+                    protocol.shutdown()  # type: ignore[attr-defined]
 
     def _refusal(self, request: Request, wire: WireFormat | None) -> Response | None:
         """Why this request's token is not served here, as the response to send; None if it is."""
