@@ -41,7 +41,7 @@ from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.trainer.batching import micro_batches
 from rlbus.consumers.trainer.engine import Trainer
 from rlbus.consumers.trainer.model import load_policy
-from rlbus.launcher import run_in_process
+from rlbus.launch.in_process import run_in_process
 from rlbus.schemas import TrainBatch, WeightLoaded, WeightVersion, derived_id
 from rlbus.testing import ScriptedModel, ScriptedServer
 
@@ -50,7 +50,8 @@ EXAMPLE = ROOT / "examples" / "reverse_text"
 
 
 def lognormal_delay(median_s: float, sigma: float, seed: int):
-    """Seconds per inference call drawn from exp(N(log median, sigma)): most quick, a few very slow."""
+    """Seconds per inference call drawn from exp(N(log median, sigma)): most quick, a few very
+    slow."""
     rng = random.Random(seed)
     mu = np.log(median_s)
     return lambda: rng.lognormvariate(mu, sigma)
@@ -84,7 +85,8 @@ def acknowledge(scripted: ScriptedModel, run_id: str):
                         )
                     )
 
-        await bus.consume(f"scripted-{run_id}", ["weights"], on_batch=on_batch, stop=stop)
+        group = f"scripted-{run_id}"
+        await bus.subscriber("weights", group=group, batch=True)(on_batch).run(stop)
 
     return role
 
@@ -229,7 +231,8 @@ def main() -> None:
         "trainer tokens/s (in run)",
         "staleness seen",
         title=(
-            f"{args.steps} steps x {args.tasks_per_step} tasks x {args.group_size} rollouts; inference delay "
+            f"{args.steps} steps x {args.tasks_per_step} tasks x {args.group_size} rollouts; "
+            f"inference delay "
             f"lognormal(median {args.median_s}s, sigma {args.sigma})"
         ),
     )

@@ -28,10 +28,11 @@ from rich.table import Table
 from rlbus.bus import Bus, Delivery, EmbeddedBroker
 from rlbus.bus.store import open_store
 from rlbus.bus.store.arrow import events_to_arrow
+from rlbus.bus.waiting import wait_for
 from rlbus.config import Settings, load_settings
 from rlbus.consumers.sink import Sink
 from rlbus.discovery import store_served_elsewhere
-from rlbus.processes import RoleProcess, wait_for
+from rlbus.launch.processes import RoleProcess, alive
 from rlbus.schemas import TokenRecord, codec, derived_id
 from rlbus.schemas.packed import pack_logprobs, pack_tokens
 
@@ -110,7 +111,7 @@ def stored(settings: Settings) -> int:
 
 
 async def publish(settings: Settings, events: list[TokenRecord]) -> None:
-    async with Bus(settings) as bus:
+    async with Bus.of(settings) as bus:
         for i in range(0, len(events), 5000):
             await bus.publish_many(events[i : i + 5000])
 
@@ -119,10 +120,10 @@ def pipeline(settings: Settings, events: list[TokenRecord], logs: Path) -> float
     """Seconds from the first publish until every row is queryable, sink already joined."""
     sink = RoleProcess("sink", settings, logs)
     try:
-        wait_for(lambda: store_served_elsewhere(settings), 60, "the sink", processes=(sink,))
+        wait_for(lambda: store_served_elsewhere(settings), 60, "the sink", check=alive(sink))
         warm = settings.model_copy(update={"run_id": "warm-up"})
         asyncio.run(publish(warm, make_records(1, 4, "warm-up")))
-        wait_for(lambda: stored(warm) == 1, 60, "the warm-up row", processes=(sink,))
+        wait_for(lambda: stored(warm) == 1, 60, "the warm-up row", check=alive(sink))
         start = time.perf_counter()
         asyncio.run(publish(settings, events))
         wait_for(
@@ -130,7 +131,7 @@ def pipeline(settings: Settings, events: list[TokenRecord], logs: Path) -> float
             600,
             "all rows",
             interval_s=0.05,
-            processes=(sink,),
+            check=alive(sink),
         )
         return time.perf_counter() - start
     finally:
@@ -138,7 +139,8 @@ def pipeline(settings: Settings, events: list[TokenRecord], logs: Path) -> float
 
 
 def sink_vs_chdb(settings: Settings, payloads: list[bytes]) -> tuple[float, float]:
-    """Rows/s of the sink's handling path and of a bare chdb Arrow insert, same rows, same engine."""
+    """Rows/s of the sink's handling path and of a bare chdb Arrow insert, same rows, same
+    engine."""
     batch = settings.store.batch_rows
     run = "sink-bench"
     with open_store(settings.store.url) as store:

@@ -21,8 +21,9 @@ from pathlib import Path
 import openai
 
 from rlbus.bus import free_port
-from rlbus.commands.eval import env_overrides, run_eval
 from rlbus.config import load_settings
+from rlbus.config.env import cli_overrides
+from rlbus.launch.evaluation import run_eval
 from rlbus.producers.environment import load_environment
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
@@ -72,7 +73,7 @@ def main() -> None:
     server, url = start_server()
     try:
         env = load_environment(
-            str(EXAMPLE), env_overrides("scripted", url, 1, args.concurrency, None, None)
+            str(EXAMPLE), cli_overrides("scripted", url, 1, args.concurrency, None, None)
         )
         prompts = [env.taskset.messages(t) for t in env.tasks().take(args.rollouts)]
         plain = asyncio.run(plain_loop(url, prompts, args.concurrency))

@@ -28,9 +28,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from rlbus.bus import free_port
-from rlbus.clients.inference import InferenceClient
-from rlbus.launcher import healthy
-from rlbus.processes import wait_for
+from rlbus.bus.waiting import wait_for
+from rlbus.clients.inference import InferenceClient, healthy
 
 SERVER = """
 import asyncio, sys

@@ -44,7 +44,7 @@ from rlbus.consumers.orchestrator.tasks import Source, TaskSource
 from rlbus.consumers.trainer.engine import Trainer
 from rlbus.consumers.trainer.model import load_policy
 from rlbus.consumers.trainer.sft import train_sft
-from rlbus.launcher import LocalRun
+from rlbus.launch.supervisor import LocalRun
 from rlbus.producers.environment import Scorer, load_environment
 from rlbus.schemas import RolloutCompleted, TrainSample, masks
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
@@ -79,7 +79,8 @@ def sft_stage(
         samples, init, out, sft.trainer, steps=sft.steps, batch_size=sft.batch_size, seed=sft.seed
     )
     console.print(
-        f"SFT: {sft.steps} steps of {sft.batch_size}, loss {results[0].loss:.3f} -> {results[-1].loss:.3f}"
+        f"SFT: {sft.steps} steps of {sft.batch_size}, loss {results[0].loss:.3f} -> "
+        f"{results[-1].loss:.3f}"
     )
     return out, time.monotonic() - started
 
@@ -114,7 +115,8 @@ def rlbus_stage(
     eval_every: int,
     eval_tasks: int,
 ) -> tuple[list[tuple[float, int, float]], float, list[tuple]]:
-    """GRPO through rlbus; returns [(seconds since start, version, held-out exact)], wall seconds, reward curve."""
+    """GRPO through rlbus; returns [(seconds since start, version, held-out exact)], wall seconds,
+    reward curve."""
     overrides = [
         *rl_overrides(workdir, model, steps, "rl", eval_every, eval_tasks),
         "--kafka.bootstrap-servers",
@@ -322,7 +324,8 @@ def main() -> None:
         "--teacher-tasks",
         type=int,
         default=2048,
-        help="more makes a stronger warm start: 4096 starts at ~0.69 held-out, leaving RL < 0.3 to gain",
+        help="more makes a stronger warm start: 4096 starts at ~0.69 held-out, leaving RL < 0.3 to "
+        "gain",
     )
     parser.add_argument(
         "--sft-steps", type=int, default=None, help="default: the example's sft.toml"
@@ -380,7 +383,8 @@ def main() -> None:
         table.add_row(str(v), f"{t:.1f}", f"{e:.3f}", f"{bt:.1f}", f"{be:.3f}")
     console.print(table)
     console.print(
-        f"SFT stage {sft_s:.0f}s; rlbus RL wall time {rl_wall:.0f}s (startup and final eval included)"
+        f"SFT stage {sft_s:.0f}s; rlbus RL wall time {rl_wall:.0f}s (startup and final eval "
+        f"included)"
     )
     console.print(f"held-out exact match SQL:\n{recipe.HELD_OUT_SQL}")
     plot_path = args.plot or example.dir / "learning.png"

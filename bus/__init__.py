@@ -1,6 +1,16 @@
-"""Kafka bus, embedded broker, claim check, telemetry and the ClickHouse store (DESIGN.md: Delivery)."""
+"""Kafka bus, embedded broker, claim check, telemetry and the ClickHouse store (DESIGN.md:
+Delivery)."""
 
 from rlbus.bus.broker import BrokerError, EmbeddedBroker, free_port
-from rlbus.bus.kafka import Bus, Delivery
+from rlbus.bus.bus import Bus
+from rlbus.bus.subscribers import BatchSubscriber, Delivery, EventSubscriber
 
-__all__ = ["BrokerError", "Bus", "Delivery", "EmbeddedBroker", "free_port"]
+__all__ = [
+    "BatchSubscriber",
+    "BrokerError",
+    "Bus",
+    "Delivery",
+    "EmbeddedBroker",
+    "EventSubscriber",
+    "free_port",
+]

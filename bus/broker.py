@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 from pathlib import Path
 from types import TracebackType
+
+from rlbus.bus.waiting import wait_for
 
 
 class BrokerError(RuntimeError):
@@ -42,18 +43,24 @@ def tansu_binary() -> str:
     return str(path)
 
 
+def listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
 def _wait_listening(host: str, port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def alive() -> None:
         if proc.poll() is not None:
             out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
             raise BrokerError(f"Tansu exited with code {proc.returncode} at start:\n{out[-2000:]}")
-        try:
-            with socket.create_connection((host, port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.02)
-    raise BrokerError(f"Tansu did not listen on {host}:{port} within {timeout_s:.0f}s")
+
+    try:
+        wait_for(lambda: listening(host, port), timeout_s, f"Tansu on {host}:{port}", 0.02, alive)
+    except TimeoutError as exc:
+        raise BrokerError(str(exc)) from exc
 
 
 class EmbeddedBroker:

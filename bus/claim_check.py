@@ -4,12 +4,10 @@ broker's size limit. Consumers resolve the URI before decoding, transparently.""
 
 from __future__ import annotations
 
-import os
-import posixpath
-import uuid
-
 import fsspec
 import msgspec
+
+from rlbus.bus.files import Folder
 
 HEADER = "rlbus-claim-check"
 
@@ -23,36 +21,20 @@ class ClaimStub(msgspec.Struct):
     size: int
 
 
-def _absolute(url: str) -> str:
-    """`file://./x` and bare relative paths become absolute, so another process (another cwd)
-    resolves the same URI."""
-    if "://" not in url:
-        return "file://" + os.path.abspath(url)
-    if url.startswith("file://") and not url.startswith("file:///"):
-        return "file://" + os.path.abspath(url[len("file://") :])
-    return url
-
-
 class ClaimStore:
     def __init__(self, base_url: str, threshold_bytes: int):
-        self.base_url = _absolute(base_url).rstrip("/")
+        self.folder = Folder(base_url)
         self.threshold_bytes = threshold_bytes
 
     def needed(self, payload: bytes) -> bool:
         return len(payload) > self.threshold_bytes
 
     def put(self, topic: str, event_id: str, payload: bytes) -> str:
-        """Write the payload and return its URI. Written to a temporary name and renamed, so
-        a reader never sees a partial file; the name is the event id, so a retried publish
-        overwrites rather than duplicates."""
-        uri = f"{self.base_url}/{topic}/{event_id}.msgpack"
-        fs, path = fsspec.core.url_to_fs(uri)
-        fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with fs.open(tmp, "wb") as f:
-            f.write(payload)
-        fs.mv(tmp, path)
-        return uri
+        """Write the payload and return its URI. The name is the event id, so a retried
+        publish overwrites rather than duplicates."""
+        rel = f"{topic}/{event_id}.msgpack"
+        self.folder.write(rel, payload)
+        return self.folder.uri(rel)
 
     @staticmethod
     def get(uri: str) -> bytes:

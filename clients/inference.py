@@ -8,6 +8,7 @@ bench/http_client.py`); at 128 rollouts a step that was the env producer's large
 
 from __future__ import annotations
 
+import urllib.request
 from typing import Any, TypeVar
 
 import aiohttp
@@ -90,3 +91,12 @@ class InferenceClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def healthy(url: str) -> bool:
+    """Whether the inference server behind a /v1 URL answers GET /health."""
+    try:
+        with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False

@@ -37,7 +37,8 @@ TERSE_TEMPLATE = (
     "{%- for message in messages -%}{{- message['content'] ~ '<|im_end|>' -}}{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>' -}}{%- endif -%}"
 )
-"""Each turn is its text and <|im_end|>; the model's turn opens with <|im_start|>: no role headers."""
+"""Each turn is its text and <|im_end|>; the model's turn opens with <|im_start|>: no role
+headers."""
 
 HELD_OUT_SQL = """
 SELECT JSONExtractInt(r.info, 'eval_version') AS version,
@@ -132,7 +133,8 @@ def train_tasks(example: Example, settings: Settings, n: int, seed: int = 1) -> 
 async def collect_teacher(
     example: Example, settings: Settings, model: Path, n: int, timeout_s: float = 300
 ) -> int:
-    """Run `n` training tasks with the scripted teacher; returns how many were scored in the store."""
+    """Run `n` training tasks with the scripted teacher; returns how many were scored in the
+    store."""
     with ScriptedServer(
         ScriptedModel(tokens=example.teacher, model="teacher", record=False)
     ) as teacher:
@@ -152,7 +154,7 @@ async def collect_teacher(
         )
         stop = asyncio.Event()
         with open_store(settings.store.url) as store:
-            async with Bus(settings) as bus:
+            async with Bus.of(settings) as bus:
                 roles = [
                     asyncio.create_task(run_sink(settings, store, stop)),
                     asyncio.create_task(run_env_producer(settings, env, stop)),

@@ -45,11 +45,10 @@ async def run_env_producer(
     server = InterceptionServer(
         backend, env.config.sampling, max_request_mb=env.config.harness.max_request_mb
     )
-    async with Bus(settings) as bus, server:
+    async with Bus.of(settings) as bus, server:
         producer = EnvProducer(env, bus, RolloutRunner(env, server))
         # Tasks in flight: enough to keep max_concurrent_rollouts busy at the configured group size.
         concurrency = max(1, env.config.max_concurrent_rollouts // env.config.group_size)
-        await bus.consume(
-            group_name(env), ["tasks"], on_event=producer.handle, stop=stop, concurrency=concurrency
-        )
+        consume = bus.subscriber("tasks", group=group_name(env), concurrency=concurrency)
+        await consume(producer.handle).run(stop)
     return producer

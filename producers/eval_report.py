@@ -46,14 +46,15 @@ def eval_report(store: Store, run_id: str, env_id: str, pass_threshold: float = 
     )
     for column, target in (("rewards", report.rewards), ("metrics", report.metrics)):
         rows = store.query(
-            f"SELECT k, avg(v) FROM scored FINAL ARRAY JOIN mapKeys({column}) AS k, mapValues({column}) AS v "
+            f"SELECT k, avg(v) FROM scored FINAL "
+            f"ARRAY JOIN mapKeys({column}) AS k, mapValues({column}) AS v "
             f"WHERE {scope} AND status = 'ok' GROUP BY k ORDER BY k",
             where,
         ).rows
         target.update({str(k): float(v) for k, v in rows})
     groups = store.query(
-        f"SELECT count(), countIf(reward >= {{threshold:Float64}} AND status = 'ok') FROM scored FINAL "
-        f"WHERE {scope} GROUP BY task_id",
+        "SELECT count(), countIf(reward >= {threshold:Float64} AND status = 'ok') "
+        f"FROM scored FINAL WHERE {scope} GROUP BY task_id",
         {**where, "threshold": pass_threshold},
     ).rows
     if groups:
@@ -68,10 +69,12 @@ def eval_report(store: Store, run_id: str, env_id: str, pass_threshold: float = 
     ).rows[0]
     report.prompt_tokens, report.completion_tokens = int(tokens[0] or 0), int(tokens[1] or 0)
     errors = store.query(
-        f"SELECT if(r.status = 'error', r.error_kind, 'reward') AS kind, count() FROM scored AS s FINAL "
-        f"INNER JOIN (SELECT rollout_id, status, error_kind FROM rollouts FINAL WHERE {scope}) AS r "
-        f"ON s.rollout_id = r.rollout_id WHERE s.run_id = {{run:String}} AND s.env = {{env:String}} "
-        f"AND s.status = 'error' GROUP BY kind ORDER BY kind",
+        "SELECT if(r.status = 'error', r.error_kind, 'reward') AS kind, count() "
+        "FROM scored AS s FINAL INNER JOIN "
+        f"(SELECT rollout_id, status, error_kind FROM rollouts FINAL WHERE {scope}) AS r "
+        "ON s.rollout_id = r.rollout_id "
+        "WHERE s.run_id = {run:String} AND s.env = {env:String} AND s.status = 'error' "
+        "GROUP BY kind ORDER BY kind",
         where,
     ).rows
     report.errors = {str(kind) or "unknown": int(n) for kind, n in errors}

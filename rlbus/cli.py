@@ -8,8 +8,8 @@ import typer
 from rlbus.commands import (
     broker,
     config_cmd,
-    env_workers,
-    inference,
+    eval,
+    model,
     quickstart,
     run,
     store_cmds,
@@ -19,7 +19,8 @@ from rlbus.commands import (
 
 app = typer.Typer(
     name="rlbus",
-    help="Event-sourced post-training: environments, evals, SFT, RL and distillation over one event log.",
+    help="Event-sourced post-training: environments, evals, SFT, RL and distillation over one "
+    "event log.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
@@ -29,15 +30,5 @@ worker_app = typer.Typer(
 )
 app.add_typer(worker_app, name="worker")
 
-for module in (
-    quickstart,
-    run,
-    env_workers,
-    tasks,
-    store_cmds,
-    inference,
-    broker,
-    config_cmd,
-    workers,
-):
+for module in (quickstart, eval, run, tasks, store_cmds, model, broker, config_cmd, workers):
     module.register(app, worker_app)

@@ -11,10 +11,13 @@ import contextlib
 import os
 import socket
 from collections.abc import Iterator
+from typing import TypeVar
 
 from rlbus.bus import EmbeddedBroker
 from rlbus.bus.store.holder import holder_pid, read_endpoint
 from rlbus.config import Settings, data_dir
+
+S = TypeVar("S", bound=Settings)
 
 BROKER_FILE = ".rlbus-broker"
 
@@ -51,7 +54,7 @@ def discover_bootstrap(settings: Settings) -> str | None:
     return None
 
 
-def require_bootstrap(settings: Settings) -> Settings:
+def require_bootstrap(settings: S) -> S:
     """Settings with bootstrap servers filled in, or a message saying how to get a broker."""
     address = discover_bootstrap(settings)
     if address is None:

@@ -1,7 +1,7 @@
 """Token ids and log-probs travel as packed little-endian bytes; numpy gives zero-copy views.
 
-Packing 1,000 ints + 1,000 floats this way encodes ~20x faster than msgpack lists
-(see FACTS.md), and the store turns the same bytes into Array(UInt32)/Array(Float32).
+Packed arrays encode far faster than msgpack lists of numbers (FACTS.md measures both), and
+the store turns the same bytes into Array(UInt32)/Array(Float32).
 """
 
 from __future__ import annotations

@@ -62,7 +62,8 @@ def trace_samples(nodes: Iterable[TraceNode], records: Iterable[TokenRecord]) ->
                 node_lps = unpack_logprobs(record.logprobs)
                 if len(node_lps) != len(node_ids):
                     raise TraceError(
-                        f"rollout {node.rollout_id} call {node.call_index}: {len(node_ids)} sampled "
+                        f"rollout {node.rollout_id} call {node.call_index}: {len(node_ids)} "
+                        f"sampled "
                         f"ids but {len(node_lps)} log-probs"
                     )
                 lps.append(node_lps)

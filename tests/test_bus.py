@@ -29,14 +29,13 @@ async def collect(
         if len(got) >= n:
             stop.set()
 
-    await asyncio.wait_for(
-        bus.consume(group, topics, on_batch=on_batch, stop=stop, **kwargs), timeout_s
-    )
+    consume = bus.subscriber(*topics, group=group, batch=True, **kwargs)(on_batch)
+    await asyncio.wait_for(consume.run(stop), timeout_s)
     return got
 
 
 async def test_malformed_messages_go_to_dlq_and_consumer_goes_on(settings: Settings) -> None:
-    async with Bus(settings) as bus:
+    async with Bus.of(settings) as bus:
         await bus.publish_raw("tasks", b"\xc1 garbage bytes", key=b"k1")
         await bus.publish_raw(
             "tasks", msgspec.msgpack.encode({"kind": "TaskPublished", "task_id": 7})
@@ -62,7 +61,7 @@ async def test_malformed_messages_go_to_dlq_and_consumer_goes_on(settings: Setti
 
 
 async def test_handler_failure_dead_letters_only_that_event(settings: Settings) -> None:
-    async with Bus(settings) as bus:
+    async with Bus.of(settings) as bus:
         await bus.publish_many(
             [TaskPublished(task_id=str(i), env="e", prompt="p") for i in range(10)]
         )
@@ -78,7 +77,7 @@ async def test_handler_failure_dead_letters_only_that_event(settings: Settings) 
             if len(set(handled)) == 9:
                 stop.set()
 
-        await asyncio.wait_for(bus.consume("judge", ["tasks"], on_event=on_event, stop=stop), 30)
+        await asyncio.wait_for(bus.subscriber("tasks", group="judge")(on_event).run(stop), 30)
         dead = await collect(bus, "ops", ["dlq"], 1)
     assert sorted(set(handled)) == sorted(str(i) for i in range(10) if i != 3)
     assert "RuntimeError: reward server said no" in dead[0].event.error  # type: ignore[attr-defined]
@@ -87,13 +86,14 @@ async def test_handler_failure_dead_letters_only_that_event(settings: Settings) 
 async def test_json_task_from_plain_aiokafka_producer(settings: Settings) -> None:
     """An outside client with no rlbus code: plain JSON, no headers at all."""
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
-    async with Bus(settings) as bus:
+    async with Bus.of(settings) as bus:
         await bus.ensure_topics(["tasks"])
         await producer.start()
         try:
             await producer.send_and_wait(
                 settings.kafka.topic_prefix + "tasks",
-                b'{"task_id": "ext-1", "env": "reverse_text", "prompt": "olleh", "answer": "hello"}',
+                b'{"task_id": "ext-1", "env": "reverse_text", "prompt": "olleh", '
+                b'"answer": "hello"}',
             )
         finally:
             await producer.stop()
@@ -117,7 +117,7 @@ async def test_five_mib_token_record_goes_through_claim_check(settings: Settings
         prompt_ids=pack_tokens(rng.integers(0, 50_000, n)),
         logprobs=pack_logprobs(rng.standard_normal(n)),
     )
-    async with Bus(settings) as bus:
+    async with Bus.of(settings) as bus:
         await bus.publish(big)
         got = await collect(bus, "orchestrator", ["tokens"], 1)
     headers = dict(got[0].headers)
@@ -126,7 +126,7 @@ async def test_five_mib_token_record_goes_through_claim_check(settings: Settings
 
 
 async def test_uncommitted_batch_is_redelivered_after_a_crash(settings: Settings) -> None:
-    async with Bus(settings) as bus:
+    async with Bus.of(settings) as bus:
         await bus.publish_many(
             [
                 RolloutCompleted(rollout_id=str(i), group_id="g", task_id="t", env="e")
@@ -139,7 +139,10 @@ async def test_uncommitted_batch_is_redelivered_after_a_crash(settings: Settings
 
         with pytest.raises(ConnectionError):
             await asyncio.wait_for(
-                bus.consume("sinkish", ["rollouts"], on_batch=crash, handler_errors="raise"), 30
+                bus.subscriber("rollouts", group="sinkish", batch=True, on_error="stop")(
+                    crash
+                ).run(),
+                30,
             )
         got = await collect(bus, "sinkish", ["rollouts"], 5)
     assert sorted(d.event.rollout_id for d in got) == ["0", "1", "2", "3", "4"]  # type: ignore[attr-defined]
@@ -156,7 +159,7 @@ async def test_trace_context_crosses_the_broker(settings: Settings) -> None:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     telemetry.use_tracer(provider.get_tracer("rlbus-test"))
     try:
-        async with Bus(settings) as bus:
+        async with Bus.of(settings) as bus:
             with provider.get_tracer("t").start_as_current_span("rollout") as root:
                 await bus.publish(TaskPublished(task_id="traced", env="e", prompt="p"))
             stop = asyncio.Event()
@@ -164,7 +167,7 @@ async def test_trace_context_crosses_the_broker(settings: Settings) -> None:
             async def on_event(d: Delivery) -> None:
                 stop.set()
 
-            await asyncio.wait_for(bus.consume("env", ["tasks"], on_event=on_event, stop=stop), 30)
+            await asyncio.wait_for(bus.subscriber("tasks", group="env")(on_event).run(stop), 30)
     finally:
         telemetry.use_tracer(None)
     spans = {s.name: s for s in exporter.get_finished_spans()}
@@ -178,7 +181,7 @@ async def test_trace_context_crosses_the_broker(settings: Settings) -> None:
 async def test_held_message_is_not_committed_until_released(settings: Settings) -> None:
     """A handler that holds a message (a judge's incomplete group) gets it again after a
     restart, with everything after it on that partition; released ones are committed."""
-    async with Bus(settings) as bus:
+    async with Bus.of(settings) as bus:
         await bus.publish_many(
             [
                 RolloutCompleted(rollout_id=str(i), group_id="g", task_id="t", env="e")
@@ -195,7 +198,7 @@ async def test_held_message_is_not_committed_until_released(settings: Settings) 
                 stop.set()
 
         await asyncio.wait_for(
-            bus.consume("judge", ["rollouts"], on_batch=hold_the_third, stop=stop), 30
+            bus.subscriber("rollouts", group="judge", batch=True)(hold_the_third).run(stop), 30
         )
         again = await collect(bus, "judge", ["rollouts"], 4)
     assert [d.event.rollout_id for d in again] == ["2", "3", "4", "5"]  # type: ignore[attr-defined]
@@ -205,7 +208,7 @@ async def test_slow_event_neither_stalls_the_rest_nor_gets_committed(settings: S
     """Per-event consumption keeps polling while a handler runs (an env producer's three-hour
     rollout): with 4 slots, one stuck event and 20 quick ones all get through; at stop the stuck
     one is cancelled, and a restart gets it again with everything after it on its partition."""
-    async with Bus(settings) as bus:
+    async with Bus.of(settings) as bus:
         await bus.publish_many(
             [
                 RolloutCompleted(rollout_id=str(i), group_id="g", task_id="t", env="e")
@@ -224,7 +227,7 @@ async def test_slow_event_neither_stalls_the_rest_nor_gets_committed(settings: S
                 stop.set()
 
         await asyncio.wait_for(
-            bus.consume("env", ["rollouts"], on_event=on_event, stop=stop, concurrency=4), 30
+            bus.subscriber("rollouts", group="env", concurrency=4)(on_event).run(stop), 30
         )
         again = await collect(bus, "env", ["rollouts"], 18)
     assert sorted(quick, key=int) == [str(i) for i in range(21) if i != 3]

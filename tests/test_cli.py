@@ -15,9 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlbus.bus import EmbeddedBroker
+from rlbus.bus.waiting import wait_for
 from rlbus.config import Settings, settings_env
 from rlbus.discovery import store_served_elsewhere
-from rlbus.processes import RoleProcess, wait_for
+from rlbus.launch.processes import RoleProcess, alive
 
 ROWS = [
     {"question": f"reverse {w}", "answer": w[::-1], "level": i}
@@ -64,7 +65,7 @@ def test_tasks_publish_every_source_then_sql_and_topics(settings: Settings, tmp_
     sources = write_sources(tmp_path)
     sink = RoleProcess("sink", settings, tmp_path / "logs")
     try:
-        wait_for(lambda: store_served_elsewhere(settings), 60, "the sink", processes=(sink,))
+        wait_for(lambda: store_served_elsewhere(settings), 60, "the sink", check=alive(sink))
         for name, source in sources.items():
             result = rlbus(
                 settings, "tasks", "publish", source, "--env", f"env-{name}", "--run-id", "cli-run"
@@ -80,7 +81,7 @@ def test_tasks_publish_every_source_then_sql_and_topics(settings: Settings, tmp_
             out = rlbus(settings, "sql", query, "--format", "json")
             return out.returncode == 0 and len(out.stdout.splitlines()) == 4
 
-        wait_for(landed, 60, "tasks from every source", interval_s=0.5, processes=(sink,))
+        wait_for(landed, 60, "tasks from every source", interval_s=0.5, check=alive(sink))
         rows = [
             json.loads(line)
             for line in rlbus(settings, "sql", query, "--format", "json").stdout.splitlines()
@@ -93,7 +94,8 @@ def test_tasks_publish_every_source_then_sql_and_topics(settings: Settings, tmp_
         csv = rlbus(
             settings,
             "sql",
-            "SELECT JSONExtractString(prompt) AS prompt, JSONExtractInt(info, 'level') AS level FROM tasks FINAL "
+            "SELECT JSONExtractString(prompt) AS prompt, JSONExtractInt(info, 'level') AS level "
+            "FROM tasks FINAL "
             "WHERE env = 'env-jsonl' ORDER BY level",
             "--format",
             "csv",

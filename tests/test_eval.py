@@ -16,11 +16,13 @@ from typer.testing import CliRunner
 
 from rlbus.bus import EmbeddedBroker
 from rlbus.bus.store import open_store
-from rlbus.commands import env_workers
-from rlbus.commands.eval import EvalResult, env_overrides, run_eval
+from rlbus.bus.waiting import wait_for
+from rlbus.commands import eval as eval_command
 from rlbus.config import Settings, load_settings
+from rlbus.config.env import cli_overrides
 from rlbus.discovery import store_served_elsewhere
-from rlbus.processes import RoleProcess, wait_for
+from rlbus.launch.evaluation import EvalResult, run_eval
+from rlbus.launch.processes import RoleProcess, alive
 from rlbus.producers.environment import load_environment
 from rlbus.schemas import TokenRecord, TraceNode
 from rlbus.schemas.packed import mask, tokens
@@ -52,7 +54,7 @@ def settings(
             lambda: store_served_elsewhere(settings),
             60,
             "the sink to serve the store",
-            processes=(sink,),
+            check=alive(sink),
         )
         yield settings
     finally:
@@ -75,7 +77,7 @@ def evaluate(
 ) -> EvalResult:
     env = load_environment(
         spec,
-        {**env_overrides("scripted", f"{upstream.url}/v1", None, None, None, None), **overrides},
+        {**cli_overrides("scripted", f"{upstream.url}/v1", None, None, None, None), **overrides},
     )
     return run_eval(env, settings, n=n, run_id=f"run-{uuid.uuid4().hex[:8]}", show_progress=False)
 
@@ -179,7 +181,8 @@ def test_failures_are_recorded_with_their_reason_and_the_eval_finishes(
         for task, status, kind, error in rows(
             settings,
             "SELECT r.task_id, s.status, r.error_kind, s.error FROM scored AS s FINAL "
-            "INNER JOIN (SELECT * FROM rollouts FINAL WHERE run_id = {run:String}) AS r USING rollout_id "
+            "INNER JOIN (SELECT * FROM rollouts FINAL WHERE run_id = {run:String}) AS r USING "
+            "rollout_id "
             "WHERE s.run_id = {run:String}",
             result.run_id,
         )
@@ -260,7 +263,7 @@ def test_cli_resume_skips_tasks_already_scored(
     first = evaluate(settings, str(EXAMPLES / "reverse_text"), upstream, n=3, group_size=2)
     app, worker_app = typer.Typer(), typer.Typer()
     app.callback()(lambda: None)  # a command group, as in rlbus.cli, even with one command
-    env_workers.register(app, worker_app)
+    eval_command.register(app, worker_app)
     for key, value in {
         "RLBUS_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
         "RLBUS_KAFKA__TOPIC_PREFIX": settings.kafka.topic_prefix,

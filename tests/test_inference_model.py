@@ -16,7 +16,7 @@ from rlbus.clients.renderer import (
     TemplateRenderer,
     make_renderer,
 )
-from rlbus.consumers.inference.cli import model_app
+from rlbus.commands.model import model_app
 from rlbus.consumers.inference.detok import TextStream
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.inference.sampling import RowSettings, sample

@@ -415,9 +415,9 @@ async def test_worker_follows_weights_on_the_bus(
             seen.set()
 
     try:
-        async with Bus(settings) as bus:
+        async with Bus.of(settings) as bus:
             watcher = asyncio.create_task(
-                bus.consume("test-watch", ["weights"], on_batch=collect, stop=seen)
+                bus.subscriber("weights", group="test-watch", batch=True)(collect).run(seen)
             )
             # Published before the worker may have joined: it reads the topic from the start.
             save_perturbed(backend, tmp_path / "model.safetensors")

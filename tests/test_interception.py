@@ -50,7 +50,8 @@ ADD_TOOL = {
 def tool_script(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
 ) -> dict[str, Any]:
-    """Calls `add` when offered tools and no result is in yet; otherwise answers with what it saw."""
+    """Calls `add` when offered tools and no result is in yet; otherwise answers with what it
+    saw."""
     if tools and not any(m["role"] == "tool" for m in messages):
         return {"content": None, "tool_calls": [CALL]}
     tool = next((m["content"] for m in messages if m["role"] == "tool"), None)

@@ -12,10 +12,11 @@ import pytest
 
 from rlbus.bus import Bus
 from rlbus.bus.store import open_store
+from rlbus.bus.waiting import wait_for
 from rlbus.config import Settings
 from rlbus.consumers.judge import run_judge
 from rlbus.discovery import store_served_elsewhere
-from rlbus.processes import RoleProcess, wait_for
+from rlbus.launch.processes import RoleProcess, alive
 from rlbus.producers.env_producer import run_env_producer
 from rlbus.producers.environment import Scorer, TaskSet, group_reward, load_environment, reward
 from rlbus.schemas import RolloutCompleted, RolloutScored
@@ -127,14 +128,14 @@ def test_env_producer_and_judge_over_the_bus(settings: Settings, sink: RoleProce
                 asyncio.create_task(run_env_producer(settings, env, stop)),
                 asyncio.create_task(run_judge(settings, [env], stop)),
             ]
-            async with Bus(settings) as bus:
+            async with Bus.of(settings) as bus:
                 await bus.publish_many(tasks)
             await asyncio.to_thread(
                 wait_for,
                 lambda: scored_count() >= env_tasks * size,
                 90,
                 "scores in the store",
-                processes=(sink,),
+                check=alive(sink),
             )
             stop.set()
             await asyncio.gather(*workers)
@@ -156,13 +157,15 @@ def test_env_producer_and_judge_over_the_bus(settings: Settings, sink: RoleProce
         texts = {
             r: t
             for r, t in store.query(
-                "SELECT rollout_id, JSONExtractString(completion, 1, 'content') FROM rollouts FINAL "
+                "SELECT rollout_id, JSONExtractString(completion, 1, 'content') FROM rollouts "
+                "FINAL "
                 "WHERE run_id = {r:String}",
                 params,
             ).rows
         }
         groups = store.query(
-            "SELECT group_id, groupArray((rollout_id, rewards['exact'], rewards['concise'])) FROM scored FINAL "
+            "SELECT group_id, groupArray((rollout_id, rewards['exact'], rewards['concise'])) FROM "
+            "scored FINAL "
             "WHERE run_id = {r:String} GROUP BY group_id",
             params,
         ).rows

@@ -16,7 +16,7 @@ from rlbus.config.run import RunConfig
 from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.orchestrator.replay import stored_samples
 from rlbus.consumers.trainer.sft import train_sft
-from rlbus.launcher import run_in_process
+from rlbus.launch.in_process import run_in_process
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 sys.path.insert(0, str(EXAMPLE.parent))

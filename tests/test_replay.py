@@ -21,7 +21,8 @@ from rlbus.schemas.packed import mask, pack_logprobs, pack_tokens, tokens
 def two_turn_trace(
     rollout: str, seed: int
 ) -> tuple[list[TraceNode], list[TokenRecord], list[int], list[int]]:
-    """user -> assistant (sampled) -> tool result -> assistant (sampled): ids and which were sampled."""
+    """user -> assistant (sampled) -> tool result -> assistant (sampled): ids and which were
+    sampled."""
     rng = np.random.default_rng(seed)
     parts = [rng.integers(0, 255, n).tolist() for n in (7, 4, 5, 3)]
     ids = [i for p in parts for i in p]

@@ -13,7 +13,7 @@ from rlbus.bus.store import open_store
 from rlbus.config import Settings, load_settings
 from rlbus.config.run import RunConfig
 from rlbus.consumers.inference.model_init import init_model
-from rlbus.launcher import run_in_process
+from rlbus.launch.in_process import run_in_process
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 
@@ -58,21 +58,24 @@ async def run_all(cfg: RunConfig) -> dict:
             "versions": [
                 r[0]
                 for r in store.query(
-                    "SELECT version FROM weight_versions FINAL WHERE run_id = {r:String} ORDER BY version",
+                    "SELECT version FROM weight_versions FINAL WHERE run_id = {r:String} ORDER BY "
+                    "version",
                     p,
                 ).rows
             ],
             "loaded": [
                 r[0]
                 for r in store.query(
-                    "SELECT DISTINCT version FROM weights_loaded FINAL WHERE run_id = {r:String} ORDER BY version",
+                    "SELECT DISTINCT version FROM weights_loaded FINAL WHERE run_id = {r:String} "
+                    "ORDER BY version",
                     p,
                 ).rows
             ],
             "token_versions": [
                 r[0]
                 for r in store.query(
-                    "SELECT DISTINCT policy_version FROM tokens FINAL WHERE run_id = {r:String} ORDER BY 1",
+                    "SELECT DISTINCT policy_version FROM tokens FINAL WHERE run_id = {r:String} "
+                    "ORDER BY 1",
                     p,
                 ).rows
             ],
@@ -110,12 +113,14 @@ async def test_run_versions_flow_through_inference_and_rollouts(
     assert all(
         s[2] == 16 and s[3] == 0 for s in steps
     )  # full batches, nothing stale reached the trainer
-    # Each batch says what it is made of: 4 groups of 4, their mean reward, groups seen since the last.
+    # Each batch says what it is made of: 4 groups of 4, their mean reward, groups seen since
+    # the last.
     assert [b[:3] for b in out["batches"]] == [(step, 0, 4.0) for step in (1, 2, 3, 4)]
     assert all(0 <= b[3] <= 1 for b in out["batches"]) and sum(b[4] for b in out["batches"]) >= 16
     behind = [int(k) for s in steps for k in s[4]]
     print(
-        f"{mode}: mismatch KL per step {[f'{s[1]:.2e}' for s in steps]}; staleness {[dict(s[4]) for s in steps]}"
+        f"{mode}: mismatch KL per step {[f'{s[1]:.2e}' for s in steps]}; staleness "
+        f"{[dict(s[4]) for s in steps]}"
     )
     if mode == "sync":
         assert behind == [0, 0, 0, 0]
@@ -135,7 +140,7 @@ async def test_restarted_orchestrator_learns_where_the_run_stands(
     learns the trained and served versions from their re-announcements, then finishes the run."""
     from rlbus.consumers.orchestrator.build import build_orchestrator
     from rlbus.consumers.orchestrator.worker import run_orchestrator
-    from rlbus.launcher import local_roles
+    from rlbus.launch.in_process import local_roles
 
     cfg = run_config(settings, tiny, tmp_path, mode="sync", eval_every=0, drop_zero_signal=False)
     cfg = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"announce_every_s": 1.0})})
@@ -155,7 +160,9 @@ async def test_restarted_orchestrator_learns_where_the_run_stands(
             await asyncio.wait_for(run_orchestrator(bus, second, asyncio.Event()), 240)
         except TimeoutError:
             pytest.fail(
-                f"the second orchestrator is stuck: step {second.step}, trained {second.trained}, served "
-                f"{second.served}, {len(second.inflight)} groups in flight, {len(second.ready)} ready"
+                f"the second orchestrator is stuck: step {second.step}, trained {second.trained}, "
+                f"served "
+                f"{second.served}, {len(second.inflight)} groups in flight, {len(second.ready)} "
+                f"ready"
             )
     assert second.start_version >= 2 and second.trained == 4 and second.served == 4

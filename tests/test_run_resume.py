@@ -25,7 +25,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 # The worker commands as `rlbus worker ...` runs them, assembled here so the test does not
 # depend on which other command modules rlbus.cli registers.
 CLI = (
-    "import typer; from rlbus.commands.run import register; app = typer.Typer(); "
+    "import typer; from rlbus.commands.workers import register; app = typer.Typer(); "
     "worker = typer.Typer(); app.add_typer(worker, name='worker'); register(app, worker); app()"
 )
 
@@ -95,7 +95,7 @@ def test_killed_trainer_resumes_and_trains_every_batch_once(
     assert nothing.returncode == 2 and "nothing to resume" in nothing.stderr
 
     async def publish() -> None:
-        async with Bus(settings) as bus:
+        async with Bus.of(settings) as bus:
             await bus.publish_many([batch(settings.run_id, s) for s in range(1, steps + 1)])
 
     asyncio.run(publish())

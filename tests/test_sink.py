@@ -12,9 +12,10 @@ from factories import make_event
 
 from rlbus.bus import Bus
 from rlbus.bus.store import open_store
+from rlbus.bus.waiting import wait_for
 from rlbus.config import Settings
 from rlbus.discovery import store_served_elsewhere
-from rlbus.processes import RoleProcess, wait_for
+from rlbus.launch.processes import RoleProcess, alive
 from rlbus.schemas import EVENT_TYPES, Event, TokenRecord
 
 N = 10_000
@@ -26,7 +27,7 @@ def start_sink(settings: Settings, log_dir: Path) -> RoleProcess:
         lambda: store_served_elsewhere(settings),
         60,
         "the sink to serve the store",
-        processes=(sink,),
+        check=alive(sink),
     )
     return sink
 
@@ -47,7 +48,7 @@ def count(settings: Settings, table: str, final: bool = True) -> int:
 
 
 async def publish(settings: Settings, events: list[Event], chunk: int = 5000) -> None:
-    async with Bus(settings) as bus:
+    async with Bus.of(settings) as bus:
         for start in range(0, len(events), chunk):
             await bus.publish_many(events[start : start + chunk])
 
@@ -66,7 +67,7 @@ def test_ten_thousand_of_every_kind_land_exactly_once(
     def all_landed() -> bool:
         return all(count(settings, kind.table) >= N for kind in EVENT_TYPES)
 
-    wait_for(all_landed, 240, f"{N} events of each kind in ClickHouse", processes=(sink,))
+    wait_for(all_landed, 240, f"{N} events of each kind in ClickHouse", check=alive(sink))
     with open_store(settings.store.url, read_only=True) as store:
         assert store.via is not None  # read through the sink's endpoint, not a second engine
         for kind, events in expected.items():
@@ -98,7 +99,7 @@ def test_sink_killed_mid_stream_loses_and_duplicates_nothing(
         120,
         "the sink to make progress",
         interval_s=0.05,
-        processes=(first,),
+        check=alive(first),
     )
     first.kill()
     # Restart before looking: reading an unheld directory would open it in this process and
@@ -111,7 +112,7 @@ def test_sink_killed_mid_stream_loses_and_duplicates_nothing(
             lambda: count(settings, "tokens") >= total,
             180,
             "all tokens after the restart",
-            processes=(second,),
+            check=alive(second),
         )
         with open_store(settings.store.url, read_only=True) as store:
             final_rows, distinct = store.query(

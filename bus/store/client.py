@@ -163,10 +163,10 @@ class Store:
         return table.num_rows
 
     def _insert_chdb(self, name: str, arrow_block: pa.Table, dedup_token: str) -> None:
-        """Insert through chdb's Python() table function, which reads the Arrow table in place:
-        about twice the rate of clickhouse-connect's insert_arrow, which copies the block
-        through an Arrow file first. A connection per thread, since chdb resolves
-        `arrow_block` by name in the calling frame."""
+        """Insert through chdb's Python() table function, which reads the Arrow table in place
+        (clickhouse-connect's insert_arrow copies the block through an Arrow file first; see
+        FACTS.md and bench/bus.py). A connection per thread, since chdb resolves `arrow_block`
+        by name in the calling frame."""
         conn = getattr(self._local, "chdb", None)
         if conn is None:
             conn = chdb.connect(str(self.data_dir))

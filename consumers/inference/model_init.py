@@ -16,7 +16,7 @@ from rlbus.consumers.inference.api import Arch, Size, TokenizerKind
 from rlbus.consumers.inference.byte_tokenizer import build_byte_tokenizer
 
 # tiny: ~0.9M parameters, fast enough on 2 CPU cores for tests and the RL smoke runs
-# (FACTS.md: ~15k tokens/s at batch 64). small: ~27M, for runs that should learn more.
+# (FACTS.md has its speed). small: ~27M, for runs that should learn more.
 _SHAPES: dict[Size, dict[str, int]] = {
     "tiny": {
         "hidden_size": 128,

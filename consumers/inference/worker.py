@@ -1,4 +1,5 @@
-"""`rlbus worker inference`: serve HTTP and follow the `weights` topic in one process.
+"""The inference role (`rlbus worker inference`): serve HTTP and follow the `weights` topic in
+one process.
 
 Every inference worker must load every WeightVersion, so each consumes `weights` in a
 consumer group of its own (`inference-<worker id>`) rather than sharing one group, which
@@ -10,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 
 import uvicorn
 from starlette.types import ASGIApp
 
 from rlbus.bus import Bus, Delivery
+from rlbus.bus.waiting import wait_until
 from rlbus.config import Settings
-from rlbus.consumers.inference.api import InferenceBackend
+from rlbus.consumers.heartbeat import keep_announcing
+from rlbus.consumers.inference.api import BackendKind, InferenceBackend
 from rlbus.consumers.inference.weights import WeightFollower, newest
 from rlbus.schemas import WeightLoaded
 
@@ -43,11 +47,11 @@ async def follow_weights(
             await bus.publish(loaded)
             served = loaded
 
-    announcing = asyncio.create_task(bus.keep_announcing(lambda: served, stop))
+    every_s = bus.kafka.announce_every_s
+    announcing = asyncio.create_task(keep_announcing(bus, lambda: served, every_s, stop))
     try:
-        await bus.consume(
-            f"inference-{follower.worker_id}", ["weights"], on_batch=on_batch, stop=stop
-        )
+        group = f"inference-{follower.worker_id}"
+        await bus.subscriber("weights", group=group, batch=True)(on_batch).run(stop)
     finally:
         announcing.cancel()
 
@@ -64,16 +68,48 @@ async def run_worker(
     """Serve `app` on host:port and follow weights until `stop` is set."""
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     serving = asyncio.create_task(server.serve())
+
     # The app's lifespan starts the backend: weights must not be loaded into an unstarted engine.
-    while not server.started:
+    def still_starting() -> None:
         if serving.done():
-            await serving  # surfaces why the server could not start (port taken...)
+            serving.result()  # surfaces why the server could not start (port taken...)
             raise RuntimeError(f"inference server on {host}:{port} stopped before it started")
-        await asyncio.sleep(0.05)
+
+    await wait_until(
+        lambda: server.started, 600, f"inference on {host}:{port}", 0.05, still_starting
+    )
     follower = WeightFollower(backend, worker_id or default_worker_id(port))
     try:
-        async with Bus(settings) as bus:
+        async with Bus.of(settings) as bus:
             await follow_weights(bus, follower, settings.run_id, stop)
     finally:
         server.should_exit = True
         await serving
+
+
+async def serve(
+    settings: Settings,
+    model_path: str | Path,
+    stop: asyncio.Event,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    backend: BackendKind = "hf",
+    device: str = "cpu",
+    threads: int | None = None,
+    worker_id: str | None = None,
+) -> None:
+    """The role's entry: build the engine for `model_path`, serve it, and load every
+    WeightVersion of `settings.run_id` (publishing WeightLoaded) until `stop`.
+
+    `threads` sets torch's intra-op threads: 1 suits tiny models on a shared small machine,
+    where a second thread mostly waits for a core another process holds."""
+    import torch
+
+    from rlbus.consumers.inference.service import build_app, build_backend
+
+    if threads:
+        torch.set_num_threads(threads)
+    engine = build_backend(model_path, backend, device=device)
+    app = build_app(engine, model_path)
+    await run_worker(settings, engine, app, host, port, stop, worker_id)

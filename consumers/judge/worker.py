@@ -67,7 +67,8 @@ class Judge:
 
 
 async def run_judge(settings: Settings, envs: list[Environment], stop: asyncio.Event) -> Judge:
-    async with Bus(settings) as bus:
+    async with Bus.of(settings) as bus:
         judge = Judge(envs, bus)
-        await bus.consume(group_name(envs), ["rollouts"], on_batch=judge.handle, stop=stop)
+        consume = bus.subscriber("rollouts", group=group_name(envs), batch=True)(judge.handle)
+        await consume.run(stop)
     return judge

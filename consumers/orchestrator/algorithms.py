@@ -5,7 +5,8 @@
         async def samples(self, group: list[GroupMember]) -> list[TrainSample]: ...
 
 and `algorithm = "my-algo"` in an environment's entry of the run config. The trainer never
-learns which algorithm made a sample: it sees mask codes (rlbus.schemas.masks), advantages and log-probs.
+learns which algorithm made a sample: it sees mask codes (rlbus.schemas.masks), advantages
+and log-probs.
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ class GRPO(Algorithm):
 
 @algorithm("sft")
 class SFT(Algorithm):
-    """Imitate the sampled tokens (a teacher's rollouts, or replayed ones): cross-entropy, weight 1."""
+    """Imitate the sampled tokens (a teacher's rollouts, or replayed ones): cross-entropy, weight
+    1."""
 
     async def samples(self, group: Sequence[GroupMember]) -> list[TrainSample]:
         out = []

@@ -296,7 +296,8 @@ async def run_orchestrator(
 
     watcher = asyncio.create_task(watch())
     try:
-        await bus.consume(GROUP, TOPICS, on_batch=orchestrator.handle, stop=consumer_stop)
+        consume = bus.subscriber(*TOPICS, group=GROUP, batch=True)(orchestrator.handle)
+        await consume.run(consumer_stop)
     finally:
         watcher.cancel()
         for algorithm in orchestrator.algorithms.values():

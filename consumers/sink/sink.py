@@ -12,9 +12,10 @@ import asyncio
 import hashlib
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 
 from rlbus.bus import Bus, Delivery
-from rlbus.bus.store import Store
+from rlbus.bus.store import Store, open_store
 from rlbus.config import Settings
 from rlbus.schemas import TOPICS
 
@@ -63,16 +64,29 @@ async def run_sink(
 ) -> Sink:
     """Consume `topics` (default: all) into `store` until `stop` is set."""
     sink = Sink(store)
-    async with Bus(settings) as bus:
-        await bus.consume(
-            GROUP,
-            topics or [t.name for t in TOPICS],
-            on_batch=sink.handle,
-            stop=stop,
+    async with Bus.of(settings) as bus:
+        consume = bus.subscriber(
+            *(topics or [t.name for t in TOPICS]),
+            group=GROUP,
+            batch=True,
             batch_rows=settings.store.batch_rows,
             batch_wait_s=settings.store.flush_interval_s,
             # Dedup happens in ClickHouse; a set of every id ever seen would only cost memory.
             dedup=False,
-            handler_errors="raise",
-        )
+            # A store that fails is not the events' fault: stop uncommitted, redeliver on restart.
+            on_error="stop",
+        )(sink.handle)
+        await consume.run(stop)
     return sink
+
+
+async def hold_store(
+    settings: Settings, stop: asyncio.Event, on_serve: Callable[[str], None]
+) -> Sink:
+    """The role's entry (`rlbus worker sink`): hold the store (migrated, with its dedup window),
+    serve read-only SQL to other processes on loopback while holding a chdb store (the
+    endpoint's URL goes to `on_serve`), and consume every topic into it until `stop`."""
+    with open_store(settings.store.url, dedup_window=settings.store.dedup_window) as store:
+        if settings.store.serve_http and store.data_dir is not None:
+            on_serve(store.serve(settings.store.http_host).url)
+        return await run_sink(settings, store, stop)

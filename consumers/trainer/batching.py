@@ -61,7 +61,8 @@ def _check(sample: TrainSample) -> int:
         raise ValueError(f"sample of rollout {sample.rollout_id}: {n} input ids but {wrong}")
     if n and mask(sample.loss_mask)[0]:
         raise ValueError(
-            f"sample of rollout {sample.rollout_id}: the first token has loss but no prefix to predict it"
+            f"sample of rollout {sample.rollout_id}: the first token has loss but no prefix to "
+            f"predict it"
         )
     return n
 

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import io
 import json
-import posixpath
-import uuid
 from dataclasses import dataclass, field
 
-import fsspec
 import torch
 from safetensors.torch import save as safetensors_bytes
+
+from rlbus.bus.files import Folder
 
 LATEST = "latest.json"
 
@@ -36,46 +35,22 @@ class TrainerState:
     """Every batch trained, in order: a redelivered one is skipped."""
 
 
-def absolute(url: str) -> str:
-    """Relative local paths resolve now, so every process agrees on the same files."""
-    import os
-
-    if "://" not in url:
-        return "file://" + os.path.abspath(url)
-    if url.startswith("file://") and not url.startswith("file:///"):
-        return "file://" + os.path.abspath(url[len("file://") :])
-    return url
-
-
 class CheckpointStore:
     def __init__(self, url: str, keep_states: int = 2, keep_weights: int = 8):
-        self.url = absolute(url).rstrip("/")
-        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        self.folder = Folder(url)
+        self.url = self.folder.url
         self.keep_states = keep_states
         self.keep_weights = keep_weights
 
-    def _write(self, rel: str, data: bytes) -> str:
-        path = posixpath.join(self.root, rel)
-        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with self.fs.open(tmp, "wb") as f:
-            f.write(data)
-        self.fs.mv(tmp, path)
-        return path
-
-    def _read(self, rel: str) -> bytes:
-        with self.fs.open(posixpath.join(self.root, rel), "rb") as f:
-            return f.read()
-
     def weights_uri(self, version: int) -> str:
-        return f"{self.url}/weights/v{version:06d}.safetensors"
+        return self.folder.uri(f"weights/v{version:06d}.safetensors")
 
     def has_weights(self, version: int) -> bool:
-        return self.fs.exists(posixpath.join(self.root, f"weights/v{version:06d}.safetensors"))
+        return self.folder.exists(f"weights/v{version:06d}.safetensors")
 
     def write_weights(self, version: int, tensors: dict[str, torch.Tensor]) -> str:
         """Write a weight version; returns its URI for WeightVersion."""
-        self._write(f"weights/v{version:06d}.safetensors", safetensors_bytes(tensors))
+        self.folder.write(f"weights/v{version:06d}.safetensors", safetensors_bytes(tensors))
         self._prune("weights", self.keep_weights)
         return self.weights_uri(version)
 
@@ -84,30 +59,30 @@ class CheckpointStore:
         rel = f"state/step-{state.step:06d}"
         buf = io.BytesIO()
         torch.save(tensors, buf)
-        self._write(f"{rel}/state.pt", buf.getvalue())
-        self._write(
+        self.folder.write(f"{rel}/state.pt", buf.getvalue())
+        self.folder.write(
             f"{rel}/meta.json",
             json.dumps({"step": state.step, "batch_ids": state.batch_ids}).encode(),
         )
-        self._write(LATEST, json.dumps({"step": state.step, "state": rel}).encode())
+        self.folder.write(LATEST, json.dumps({"step": state.step, "state": rel}).encode())
         self._prune("state", self.keep_states)
 
     def exists(self) -> bool:
-        return self.fs.exists(posixpath.join(self.root, LATEST))
+        return self.folder.exists(LATEST)
 
     def load(self) -> tuple[TrainerState, dict]:
         if not self.exists():
             raise NothingToResume(f"nothing to resume: no {LATEST} under {self.url}")
-        rel = json.loads(self._read(LATEST))["state"]
-        meta = json.loads(self._read(f"{rel}/meta.json"))
-        tensors = torch.load(io.BytesIO(self._read(f"{rel}/state.pt")), weights_only=False)
+        rel = json.loads(self.folder.read(LATEST))["state"]
+        meta = json.loads(self.folder.read(f"{rel}/meta.json"))
+        tensors = torch.load(io.BytesIO(self.folder.read(f"{rel}/state.pt")), weights_only=False)
         return TrainerState(meta["step"], meta["batch_ids"]), tensors
 
     def latest_step(self) -> int | None:
-        return json.loads(self._read(LATEST))["step"] if self.exists() else None
+        return json.loads(self.folder.read(LATEST))["step"] if self.exists() else None
 
     def _prune(self, folder: str, keep: int) -> None:
-        base = posixpath.join(self.root, folder)
-        entries = sorted(p for p in self.fs.ls(base, detail=False) if not p.endswith(".tmp"))
+        fs, base = self.folder.fs, self.folder.path(folder)
+        entries = sorted(p for p in fs.ls(base, detail=False) if not p.endswith(".tmp"))
         for old in entries[:-keep]:
-            self.fs.rm(old, recursive=True)
+            fs.rm(old, recursive=True)

@@ -44,7 +44,8 @@ class Leader:
 
 
 def follow(trainer: Trainer, hooks: Hooks, checkpoints: CheckpointStore, version: int) -> None:
-    """Ranks > 0: mirror rank 0 (announce, then step + weights + checkpoint per batch) until it stops."""
+    """Ranks > 0: mirror rank 0 (announce, then step + weights + checkpoint per batch) until it
+    stops."""
     if not checkpoints.has_weights(version):
         hooks.weights()
     while True:

@@ -24,7 +24,8 @@ class TokenTensors:
     """Flat tensors over the policy tokens of one micro-batch (all shape [n])."""
 
     logprobs: torch.Tensor
-    """Trainer log-probs of the sampled tokens (logits divided by the sampling temperature); with grad."""
+    """Trainer log-probs of the sampled tokens (logits divided by the sampling temperature); with
+    grad."""
     inference_logprobs: torch.Tensor
     advantages: torch.Tensor
     teacher_logprobs: torch.Tensor | None = None

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rlbus.bus import Bus, Delivery
+from rlbus.consumers.heartbeat import keep_announcing
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, TrainerState
 from rlbus.consumers.trainer.engine import StepResult
 from rlbus.schemas import TrainBatch, TrainSample, TrainStep, WeightVersion, derived_id
@@ -64,7 +65,7 @@ class TrainerWorker:
         self.trained = set(state.batch_ids)
         self.last: StepResult | None = None
         self.announced: WeightVersion | None = None
-        """The newest version published, re-published while the trainer runs (Bus.keep_announcing)."""
+        """The newest version published, re-published while the trainer runs (keep_announcing)."""
 
     def weight_version(self) -> WeightVersion:
         version = self.state.step
@@ -181,9 +182,12 @@ async def run_trainer(bus: Bus, worker: TrainerWorker) -> TrainerWorker:
             worker.max_steps,
         )
         return worker
-    announcing = asyncio.create_task(bus.keep_announcing(lambda: worker.announced, worker.stop))
+    every_s = bus.kafka.announce_every_s
+    announcing = asyncio.create_task(
+        keep_announcing(bus, lambda: worker.announced, every_s, worker.stop)
+    )
     try:
-        await bus.consume(GROUP, ["batches"], on_batch=worker.handle, stop=worker.stop)
+        await bus.subscriber("batches", group=GROUP, batch=True)(worker.handle).run(worker.stop)
     finally:
         announcing.cancel()
     return worker

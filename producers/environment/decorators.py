@@ -56,7 +56,8 @@ def group_reward(fn: F) -> F: ...
 @overload
 def group_reward(*, weight: float = 1.0, name: str | None = None) -> Callable[[F], F]: ...
 def group_reward(fn: F | None = None, *, weight: float = 1.0, name: str | None = None) -> Any:
-    """Sees the whole group (once it is complete) and returns one score per rollout, in sample order."""
+    """Sees the whole group (once it is complete) and returns one score per rollout, in sample
+    order."""
     return _tagger("group_reward", fn, weight, name)
 
 

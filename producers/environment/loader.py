@@ -114,7 +114,8 @@ def resolve_taskset(ref: str, base_dir: Path | None = None) -> tuple[type[TaskSe
     return cls, resolved
 
 
-def _toml(path: Path) -> dict[str, Any]:
+def read_env_table(path: Path) -> dict[str, Any]:
+    """The `[env]` table of an env.toml (or the whole file when it has none)."""
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -132,7 +133,7 @@ def load_environment(spec: str, overrides: dict[str, Any] | None = None) -> Envi
     file = path / ENV_FILE if path.is_dir() else path if spec.endswith(".toml") else None
     table: dict[str, Any] = {}
     if file is not None:
-        table = _toml(file)
+        table = read_env_table(file)
         cls, ref = resolve_taskset(table["taskset"], file.parent)
     else:
         cls, ref = resolve_taskset(spec)

@@ -22,7 +22,8 @@ class TaskSet:
     name: ClassVar[str] = ""
     """Environment id; unset: the class name in snake_case."""
     defaults: ClassVar[dict[str, Any]] = {}
-    """EnvConfig fields this task set wants by default (harness, group_size, ...); TOML and CLI win."""
+    """EnvConfig fields this task set wants by default (harness, group_size, ...); TOML and CLI
+    win."""
     system_prompt: ClassVar[str | None] = None
     """Prepended to every task's prompt that has no system message."""
 

@@ -30,7 +30,8 @@ def _strip_titles(schema: Any) -> Any:
 
 
 def python_tool(rule: Rule) -> tuple[dict[str, Any], Call]:
-    """The OpenAI function schema of a @tool method, and a caller validating the model's arguments."""
+    """The OpenAI function schema of a @tool method, and a caller validating the model's
+    arguments."""
     fields = {
         p.name: (
             p.annotation if p.annotation is not inspect.Parameter.empty else Any,
@@ -103,7 +104,8 @@ class ToolBox:
         self._calls = {schema["function"]["name"]: call for schema, call in tools}
 
     async def run(self, tool_call: dict[str, Any], rollout: Rollout) -> dict[str, Any]:
-        """The tool message answering `tool_call`; failures are reported to the model, not raised."""
+        """The tool message answering `tool_call`; failures are reported to the model, not
+        raised."""
         function = tool_call.get("function", {})
         name = function.get("name", "")
         call = self._calls.get(name)

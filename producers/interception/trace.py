@@ -119,7 +119,8 @@ class Trace:
 
         walk(self.roots, [], 0)
         path, used = best
-        # Ids past the shared path need a new node to carry them: give up shared nodes until one is left.
+        # Ids past the shared path need a new node to carry them: give up shared nodes until one
+        # is left.
         while path and len(path) == len(messages) and used < len(ids):
             used -= len(path.pop().token_ids)
         return path, used
@@ -147,7 +148,8 @@ class Trace:
         return call
 
     def completion(self, branch: str = MAIN) -> list[Message]:
-        """What the branch added after its first call's prompt: sampled turns and the context between."""
+        """What the branch added after its first call's prompt: sampled turns and the context
+        between."""
         tip = self.tips.get(branch)
         chain: list[Message] = []
         first_sampled = next(
@@ -161,7 +163,8 @@ class Trace:
         return chain[::-1]
 
     def events(self, group_id: str) -> tuple[list[TraceNode], list[TokenRecord]]:
-        """The trace as events, with ids derived from the rollout (a re-run republishes the same ids)."""
+        """The trace as events, with ids derived from the rollout (a re-run republishes the same
+        ids)."""
         node_ids = {n.index: derived_id(self.rollout_id, "node", n.index) for n in self.nodes}
         nodes = [
             TraceNode(

@@ -10,8 +10,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from rich.table import Table
 
-from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, console, settings_from
+from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, settings_from
 from rlbus.config import Settings
+from rlbus.console import console
 from rlbus.discovery import local_broker, require_bootstrap
 from rlbus.schemas import TOPICS
 
@@ -27,7 +28,8 @@ def broker(ctx: typer.Context, config: ConfigOption = None) -> None:
         raise typer.BadParameter("kafka.bootstrap_servers is set: there is a broker already")
     with local_broker(settings) as live:
         console.print(
-            f"embedded broker listening; bootstrap servers: [bold]{live.kafka.bootstrap_servers}[/bold]"
+            f"embedded broker listening; bootstrap servers: "
+            f"[bold]{live.kafka.bootstrap_servers}[/bold]"
         )
         console.print("Ctrl-C to stop")
         try:

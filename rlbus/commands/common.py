@@ -1,21 +1,22 @@
-"""What every command shares: settings from --config + env + dotted overrides, and the
-asyncio entry point that stops cleanly on Ctrl-C / SIGTERM."""
+"""What every command shares: settings from --config + env + dotted overrides, the asyncio
+entry point that stops cleanly on Ctrl-C / SIGTERM, and errors as exits."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
-from rich.console import Console
 
+from rlbus.bus.telemetry import setup_telemetry
 from rlbus.config import ConfigError, Settings, load_settings
-
-console = Console()
-err_console = Console(stderr=True)
+from rlbus.console import err_console
+from rlbus.discovery import require_bootstrap
 
 OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True}
 """Context settings for commands that take `--section.field VALUE` overrides."""
@@ -34,17 +35,36 @@ ConfigOption = Annotated[
 ]
 
 T = TypeVar("T")
+S = TypeVar("S", bound=Settings)
 
 
-def settings_from(
-    ctx: typer.Context, config: Path | None, model: type[Settings] = Settings
-) -> Settings:
-    """Load settings or exit with the offending fields named."""
+def fail(exc: BaseException | str, code: int = 2) -> typer.Exit:
+    """Print what went wrong (the exception's message says what to do) and make the exit."""
+    err_console.print(str(exc), style="red", markup=False)
+    return typer.Exit(code)
+
+
+@contextmanager
+def exits_on(*errors: type[BaseException], code: int = 2) -> Iterator[None]:
+    """Turn the named errors into a printed message and an exit with `code`."""
     try:
-        return load_settings(config, list(ctx.args), model=model)
-    except ConfigError as exc:
-        err_console.print(str(exc), style="red", markup=False)
-        raise typer.Exit(2) from exc
+        yield
+    except errors as exc:
+        raise fail(exc, code) from exc
+
+
+def settings_from(ctx: typer.Context, config: Path | None, model: type[S] = Settings) -> S:  # type: ignore[assignment]
+    """Load settings or exit with the offending fields named."""
+    with exits_on(ConfigError):
+        return load_settings(config, list(ctx.args), model=model)  # type: ignore[return-value]
+
+
+def start_role(settings: S, role: str) -> S:
+    """Settings of a long-lived role, with a broker found; logging and telemetry set up."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = require_bootstrap(settings)
+    setup_telemetry(settings.telemetry, role)
+    return settings
 
 
 def run_until_signal(main: Callable[[asyncio.Event], Awaitable[T]]) -> T:

@@ -9,7 +9,8 @@ from pydantic import BaseModel
 from rich.markup import escape
 from rich.table import Table
 
-from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, console, settings_from
+from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, settings_from
+from rlbus.console import console
 
 
 def rows(model: BaseModel, prefix: str = "") -> list[tuple[str, Any, str]]:

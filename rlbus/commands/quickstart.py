@@ -12,24 +12,27 @@ import time
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from rlbus.bus.store import open_store
-from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, console, settings_from
-from rlbus.commands.tasks import publish_tasks
+from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, settings_from
 from rlbus.config import data_dir
-from rlbus.discovery import local_broker, store_served_elsewhere
-from rlbus.processes import RoleProcess, wait_for
+from rlbus.console import console, progress
+from rlbus.discovery import local_broker
+from rlbus.launch.local_sink import local_sink
 from rlbus.producers.tasksets.generated import reverse_text
+from rlbus.producers.tasksets.publish import publish_tasks
 
-
-def _count(url: str, run_id: str) -> int:
-    with open_store(url, read_only=True) as store:
-        rows = store.query(
-            "SELECT count() FROM tasks FINAL WHERE run_id = {run:String}", {"run": run_id}
-        ).rows
-        return int(rows[0][0])
+LANDED = "SELECT count() FROM tasks FINAL WHERE run_id = {run:String}"
+SUMMARY = (
+    "SELECT env, count() AS tasks, uniqExact(task_id) AS distinct_ids, "
+    "round(avg(length(answer)), 2) AS mean_answer_len, max(ingested_at) - min(ts) AS lag_s "
+    "FROM tasks FINAL WHERE run_id = {run:String} GROUP BY env"
+)
+SAMPLE = (
+    "SELECT task_id, JSONExtractString(prompt, 1, 'content') AS prompt, answer "
+    "FROM tasks FINAL WHERE run_id = {run:String} ORDER BY task_id LIMIT 5"
+)
 
 
 def quickstart(
@@ -45,48 +48,23 @@ def quickstart(
     run_id = f"quickstart-{int(time.time())}" if settings.run_id == "default" else settings.run_id
     settings = settings.model_copy(update={"run_id": run_id})
     logs = data_dir(settings) / "logs"
+    p = {"run": run_id}
     with local_broker(settings) as live:
         console.print(
             f"broker: {live.kafka.bootstrap_servers}   store: {live.store.url}   logs: {logs}"
         )
-        sink = RoleProcess("sink", live, logs)
-        try:
-            wait_for(
-                lambda: store_served_elsewhere(live),
-                timeout_s,
-                "the sink to serve the store",
-                processes=(sink,),
-            )
-            columns = (
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-            )
-            with Progress(*columns, console=console) as progress:
-                asyncio.run(publish_tasks(live, reverse_text(n, seed=0), n, progress))
-                landed = progress.add_task("in ClickHouse", total=n)
-
-                def all_landed() -> bool:
-                    count = _count(live.store.url, run_id)
-                    progress.update(landed, completed=count)
-                    return count >= n
-
-                wait_for(all_landed, timeout_s, f"{n} tasks in the store", processes=(sink,))
+        with local_sink(live, timeout_s) as sink:
+            with progress() as bars:
+                published = bars.add_task("publishing", total=n)
+                tasks = reverse_text(n, seed=0)
+                advance = lambda k: bars.update(published, advance=k)  # noqa: E731
+                asyncio.run(publish_tasks(live, tasks, advance))
+                landed = bars.add_task("in ClickHouse", total=n)
+                count = lambda c: bars.update(landed, completed=c)  # noqa: E731
+                sink.wait_landed(LANDED, p, n, f"{n} tasks in the store", timeout_s, count)
             with open_store(live.store.url, read_only=True) as store:
-                summary = store.query(
-                    "SELECT env, count() AS tasks, uniqExact(task_id) AS distinct_ids, "
-                    "round(avg(length(answer)), 2) AS mean_answer_len, max(ingested_at) - min(ts) AS lag_s "
-                    "FROM tasks FINAL WHERE run_id = {run:String} GROUP BY env",
-                    {"run": run_id},
-                )
-                sample = store.query(
-                    "SELECT task_id, JSONExtractString(prompt, 1, 'content') AS prompt, answer "
-                    "FROM tasks FINAL WHERE run_id = {run:String} ORDER BY task_id LIMIT 5",
-                    {"run": run_id},
-                )
-        finally:
-            sink.stop()
+                summary = store.query(SUMMARY, p)
+                sample = store.query(SAMPLE, p)
     for title, result in (
         (f"landed in ClickHouse (run {run_id})", summary),
         ("a few of them", sample),

@@ -10,14 +10,8 @@ import typer
 from rich.table import Table
 
 from rlbus.bus.store import StoreError, open_store
-from rlbus.commands.common import (
-    OVERRIDES,
-    OVERRIDES_HELP,
-    ConfigOption,
-    console,
-    err_console,
-    settings_from,
-)
+from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, settings_from
+from rlbus.console import console, err_console
 
 
 class Format(StrEnum):

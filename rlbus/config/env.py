@@ -143,3 +143,36 @@ class EnvConfig(Section):
     runtime: RuntimeConfig = RuntimeConfig()
     sampling: SamplingConfig = SamplingConfig()
     model: ModelConfig = ModelConfig()
+
+
+def cli_overrides(
+    model: str | None,
+    base_url: str | None,
+    group_size: int | None = None,
+    concurrency: int | None = None,
+    harness: str | None = None,
+    runtime: str | None = None,
+    mode: str | None = None,
+    tokenizer: str | None = None,
+) -> dict[str, Any]:
+    """EnvConfig overrides from a command line (unset options leave the TOML's values)."""
+    model_cfg = {
+        k: v
+        for k, v in {
+            "name": model,
+            "base_url": base_url,
+            "mode": mode,
+            "tokenizer": tokenizer,
+        }.items()
+        if v is not None
+    }
+    out: dict[str, Any] = {"model": model_cfg}
+    if group_size is not None:
+        out["group_size"] = group_size
+    if concurrency is not None:
+        out["max_concurrent_rollouts"] = concurrency
+    if harness is not None:
+        out["harness"] = {"kind": harness}
+    if runtime is not None:
+        out["runtime"] = {"kind": runtime}
+    return out

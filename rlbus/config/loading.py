@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from rlbus.config.base import ConfigError
 from rlbus.config.settings import Settings
+
+S = TypeVar("S", bound=Settings)
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
@@ -68,9 +70,9 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
 def load_settings(
     path: str | Path | None = None,
     overrides: list[str] | dict[str, Any] | None = None,
-    model: type[Settings] = Settings,
+    model: type[S] = Settings,  # type: ignore[assignment]
     toml_table: str | None = None,
-) -> Settings:
+) -> S:
     """Build settings from an optional TOML file, the environment and CLI overrides.
 
     `toml_table` picks a sub-table of the file when the same file also holds other sections

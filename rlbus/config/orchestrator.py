@@ -1,4 +1,5 @@
-"""Orchestrator settings: the `[orchestrator]` table and the `[envs.NAME]` tables of a run config."""
+"""Orchestrator settings: the `[orchestrator]` table and the `[envs.NAME]` tables of a run
+config."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ class AlgorithmConfig(Section):
     name: str = "grpo"
     """grpo (default), sft, opd, self-distill, echo, or any name registered with @algorithm."""
     normalize_std: bool = False
-    """grpo/echo: divide group-relative advantages by the group's reward std (GRPO's original form)."""
+    """grpo/echo: divide group-relative advantages by the group's reward std (GRPO's original
+    form)."""
     length_penalty: float = Field(0.0, ge=0)
     """grpo/echo: reward minus length_penalty * completion tokens / the group's longest, before
     centering: among equally good answers the shorter ones win."""
     echo_weight: float = Field(1.0, ge=0)
     """echo: weight of the cross-entropy on environment tokens (tool results, user turns)."""
     teacher_url: str = ""
-    """opd: /v1 URL of the teacher's inference server (POST /v1/score); self-distill: empty means the policy's."""
+    """opd: /v1 URL of the teacher's inference server (POST /v1/score); self-distill: empty means
+    the policy's."""
     hint: str = "Hint: the answer is {answer}\n"
     """self-distill: text put before the teacher's context ({answer} is the task's answer)."""
 
@@ -36,7 +39,8 @@ class EnvEntry(Section):
     judges: int = Field(1, ge=1)
     """Judge processes `rlbus run` starts for it."""
     overrides: dict[str, Any] = {}
-    """EnvConfig fields over the environment's TOML (group_size, sampling, max_concurrent_rollouts...)."""
+    """EnvConfig fields over the environment's TOML (group_size, sampling,
+    max_concurrent_rollouts...)."""
 
 
 class OrchestratorConfig(Section):
@@ -50,7 +54,8 @@ class OrchestratorConfig(Section):
     expected to yield two steps' groups (2 x tasks_per_step while every group is kept; more when
     groups are dropped for zero signal or length, up to 8x that)."""
     max_off_policy_steps: int = Field(2, ge=0)
-    """Samples whose oldest token is more versions behind the policy being trained are dropped and counted."""
+    """Samples whose oldest token is more versions behind the policy being trained are dropped and
+    counted."""
     seq_len: int = Field(4096, ge=2)
     """Longest sample trained on; longer ones are dropped and counted."""
     drop_zero_signal: bool = True

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
 from rlbus.config.base import ConfigError, Section
+from rlbus.config.loading import load_settings
 from rlbus.config.orchestrator import EnvEntry, OrchestratorConfig
 from rlbus.config.settings import Settings, data_dir
 from rlbus.config.trainer import TrainerConfig
@@ -50,7 +52,8 @@ class RunConfig(Settings):
         return self
 
     def base(self) -> Settings:
-        """The shared settings alone, for roles that take no run config (sink, env, judge, inference)."""
+        """The shared settings alone, for roles that take no run config (sink, env, judge,
+        inference)."""
         return Settings.model_validate(self.model_dump(include=set(Settings.model_fields)))
 
     def checkpoint_url(self) -> str:
@@ -67,3 +70,12 @@ class ReplayConfig(Settings):
     """Optimizer steps (samples are reshuffled each pass over them)."""
     seed: int = 0
     """Seed of the sample order."""
+
+
+def load_run_config(path: Path | None, overrides: list[str]) -> RunConfig:
+    """A run config from its TOML file and overrides, checked whole. A run needs a stable id to
+    be resumed: unless one is given, it is the config file's name."""
+    cfg = load_settings(path, overrides, model=RunConfig).check()
+    if cfg.run_id == "default" and path is not None:
+        cfg = cfg.model_copy(update={"run_id": path.stem})
+    return cfg

@@ -27,7 +27,8 @@ class KafkaConfig(Section):
     replication_factor: int = Field(1, ge=1)
     """Replication factor for topics that rlbus creates."""
     max_request_size: int = Field(4 * 1024 * 1024, ge=1024)
-    """Largest produce request in bytes; events over claim_check.threshold_bytes never get near it."""
+    """Largest produce request in bytes; events over claim_check.threshold_bytes never get near
+    it."""
     linger_ms: int = Field(5, ge=0)
     """Producer batching delay in milliseconds."""
     fetch_max_records: int = Field(2000, ge=1)
@@ -56,7 +57,8 @@ class ClaimCheckConfig(Section):
     url: str = f"file://./{DATA_DIR}/claims"
     """fsspec URL where payloads over the threshold are written; events carry their URI."""
     threshold_bytes: int = Field(512 * 1024, ge=1)
-    """Encoded events larger than this go through the claim check (Kafka's default limit is 1 MiB)."""
+    """Encoded events larger than this go through the claim check (Kafka's default limit is 1
+    MiB)."""
 
 
 class TelemetryConfig(Section):

@@ -11,7 +11,8 @@ from rlbus.config.base import Section
 
 class LossConfig(Section):
     name: str = "rl"
-    """Loss for policy tokens: rl (importance ratio + trust-region masking), ppo_clip, cross_entropy, distill."""
+    """Loss for policy tokens: rl (importance ratio + trust-region masking), ppo_clip,
+    cross_entropy, distill."""
     trust_region: float = Field(0.2, gt=0)
     """rl: a token stops getting gradient once its probability moved this far (absolute) from the
     inference probability in the direction its advantage pushes (DPPO's binary TV mask)."""
@@ -62,13 +63,15 @@ class TrainerConfig(Section):
     loss: LossConfig = LossConfig()
     lora: LoraConfig = LoraConfig()
     micro_batch_tokens: int = Field(16384, ge=1)
-    """Padded tokens (rows x longest row) per forward pass; gradients accumulate over micro-batches."""
+    """Padded tokens (rows x longest row) per forward pass; gradients accumulate over micro-
+    batches."""
     device: str = "cpu"
     """Torch device of a single-process trainer (cpu, cuda)."""
     parallel: Literal["none", "fsdp"] = "none"
     """none: one process; fsdp: FSDP2 (fully_shard) over torch.distributed ranks (torchrun)."""
     checkpoint_url: str = ""
-    """fsspec URL of checkpoints and published weights; empty: <store data dir>/checkpoints/<run_id>."""
+    """fsspec URL of checkpoints and published weights; empty: <store data
+    dir>/checkpoints/<run_id>."""
     keep_checkpoints: int = Field(2, ge=1)
     """Trainer states kept (older ones are deleted once a newer one is complete)."""
     keep_weights: int = Field(8, ge=1)

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -64,19 +63,11 @@ class RoleProcess:
         self.proc.wait()
 
 
-def wait_for(
-    predicate: Callable[[], bool],
-    timeout_s: float,
-    what: str,
-    interval_s: float = 0.2,
-    processes: tuple[RoleProcess, ...] = (),
-) -> None:
-    """Poll `predicate()` until true; fail early when a process we depend on has died."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for p in processes:
-            p.check()
-        if predicate():
-            return
-        time.sleep(interval_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+def alive(*processes: RoleProcess) -> Callable[[], None]:
+    """A `check` for bus.waiting.wait_for: fail early, with its log tail, when one has died."""
+
+    def check() -> None:
+        for process in processes:
+            process.check()
+
+    return check

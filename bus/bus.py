@@ -1,0 +1,107 @@
+"""The bus of one process: a publisher, topic administration, and the subscribers started from
+it (bus.subscribers). It takes only its own settings: Kafka, the claim check and the run id
+stamped on what it publishes.
+
+    async with Bus.of(settings) as bus:
+        await bus.publish(TaskPublished(...))
+
+        @bus.subscriber("rollouts", group="judge", batch=True)
+        async def handle(batch: list[Delivery]) -> None: ...
+
+        await handle.run(stop)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, Literal, overload
+
+from rlbus.bus.claim_check import ClaimStore
+from rlbus.bus.messages import Headers
+from rlbus.bus.publisher import Publisher, Topics
+from rlbus.bus.subscribers import BatchHandler, BatchSubscriber, EventHandler, EventSubscriber
+from rlbus.config import ClaimCheckConfig, KafkaConfig, Settings
+from rlbus.schemas import Event
+
+
+class Bus:
+    def __init__(self, kafka: KafkaConfig, claim_check: ClaimCheckConfig, run_id: str = "default"):
+        if not kafka.bootstrap_servers:
+            raise ValueError(
+                "kafka.bootstrap_servers is not set; start an EmbeddedBroker first "
+                "(rlbus does this for you in `rlbus run`/`quickstart`)"
+            )
+        self.kafka = kafka
+        self.run_id = run_id
+        self.claims = ClaimStore(claim_check.url, claim_check.threshold_bytes)
+        self.topics = Topics(kafka)
+        self.publisher = Publisher(kafka, self.topics, self.claims, run_id)
+
+    @classmethod
+    def of(cls, settings: Settings) -> Bus:
+        """The bus of a process configured by `settings`."""
+        return cls(settings.kafka, settings.claim_check, settings.run_id)
+
+    async def start(self) -> Bus:
+        await self.publisher.start()
+        await self.topics.start()
+        return self
+
+    async def stop(self) -> None:
+        await self.publisher.stop()
+        await self.topics.stop()
+
+    async def __aenter__(self) -> Bus:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def publish(self, event: Event) -> None:
+        """Publish one event and wait for the broker's acknowledgement."""
+        await self.publisher.publish_many([event])
+
+    async def publish_many(self, events: Sequence[Event]) -> None:
+        """Publish events (any topics) and wait until the broker acknowledged all of them."""
+        await self.publisher.publish_many(events)
+
+    async def publish_raw(
+        self, topic: str, value: bytes, key: bytes | None = None, headers: Headers | None = None
+    ) -> None:
+        """Publish bytes as they are (tests, bridges); `topic` is unprefixed."""
+        await self.publisher.publish_raw(topic, value, key, headers)
+
+    async def ensure_topics(self, names: Sequence[str]) -> None:
+        """Create the named (unprefixed) topics that do not exist yet."""
+        await self.topics.ensure(names)
+
+    @overload
+    def subscriber(
+        self, *topics: str, group: str, batch: Literal[True], **options: Any
+    ) -> Callable[[BatchHandler], BatchSubscriber]: ...
+
+    @overload
+    def subscriber(
+        self, *topics: str, group: str, batch: Literal[False] = False, **options: Any
+    ) -> Callable[[EventHandler], EventSubscriber]: ...
+
+    def subscriber(
+        self, *topics: str, group: str, batch: bool = False, **options: Any
+    ) -> Callable[[Any], BatchSubscriber | EventSubscriber]:
+        """A decorator making a handler a consumer-group member of `group` on `topics`
+        (unprefixed). `batch=True`: the handler takes every delivery of a poll
+        (`batch_rows`, `batch_wait_s`); else one delivery, up to `concurrency` at once. Both
+        take `max_records`, `poll_timeout_ms`, `dedup` (drop redelivered event ids) and
+        `on_error` ("dead_letter" or "stop")."""
+
+        def make(handler: Any) -> BatchSubscriber | EventSubscriber:
+            kind = BatchSubscriber if batch else EventSubscriber
+            return kind(self, topics, group, handler, **options)
+
+        return make

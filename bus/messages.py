@@ -1,0 +1,63 @@
+"""An event as a Kafka message and back: a msgpack value, `content-type` and `rlbus-kind`
+headers, W3C trace context, and the claim check for payloads over the threshold. JSON from
+outside clients is accepted on the topics that allow it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+from aiokafka import ConsumerRecord
+
+from rlbus.bus import telemetry
+from rlbus.bus.claim_check import HEADER as CLAIM_HEADER
+from rlbus.bus.claim_check import ClaimStore, ClaimStub
+from rlbus.schemas import Event, codec, derived_id, key_of, topic_of
+
+CONTENT_TYPE = "content-type"
+KIND = "rlbus-kind"
+
+Headers = list[tuple[str, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    topic: str
+    """Topic name without the configured prefix."""
+    key: bytes
+    value: bytes
+    headers: Headers
+
+
+def to_message(event: Event, claims: ClaimStore) -> Message:
+    """Encode an event; a payload over the claim-check threshold is stored and replaced by a
+    stub."""
+    topic = topic_of(event).name
+    kind = type(event).__name__
+    value = codec.encode(event)
+    headers: Headers = [(CONTENT_TYPE, codec.MSGPACK.encode()), (KIND, kind.encode())]
+    if claims.needed(value):
+        uri = claims.put(topic, event.event_id, value)
+        headers.append((CLAIM_HEADER, uri.encode()))
+        value = msgspec.msgpack.encode(ClaimStub(kind, event.event_id, uri, len(value)))
+    if telemetry.enabled():
+        telemetry.inject_headers(headers)
+    return Message(topic, key_of(event), value, headers)
+
+
+def from_record(topic: str, record: ConsumerRecord, claims: ClaimStore, prefixed: str) -> Event:
+    """Decode a consumed record of `topic` (unprefixed; `prefixed` is its name on the broker).
+    Raises with a reason a person can act on (schemas.DecodeError, or the claim store's)."""
+    headers = dict(record.headers or ())
+    raw = record.value or b""
+    if CLAIM_HEADER in headers:
+        raw = claims.get(headers[CLAIM_HEADER].decode())
+    content_type = headers.get(CONTENT_TYPE)
+    return codec.decode(
+        topic,
+        raw,
+        content_type.decode() if content_type else None,
+        # A JSON event from an outside client may carry no id: derive one from its
+        # position, so a redelivery of the same message keeps the same id.
+        fallback_event_id=lambda: derived_id(prefixed, record.partition, record.offset),
+    )

@@ -1,0 +1,85 @@
+"""What wraps every handler, written once for both kinds of subscriber: dropping redelivered
+event ids, dead-lettering what cannot be decoded or handled, and a trace span per event."""
+
+from __future__ import annotations
+
+import traceback
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from aiokafka import ConsumerRecord
+from opentelemetry.trace import SpanKind
+
+from rlbus.bus import telemetry
+from rlbus.schemas import DeadLetter, derived_id
+
+if TYPE_CHECKING:
+    from rlbus.bus.subscribers import Delivery
+
+
+class SeenIds:
+    """Event ids already handled by this consumer, bounded (oldest forgotten first)."""
+
+    def __init__(self, capacity: int = 200_000):
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._capacity = capacity
+
+    def add(self, event_id: str) -> bool:
+        """True when the id is new."""
+        if event_id in self._ids:
+            return False
+        self._ids[event_id] = None
+        if len(self._ids) > self._capacity:
+            self._ids.popitem(last=False)
+        return True
+
+
+class DeadLetters:
+    """Messages a consumer gave up on, with the reason, raw bytes and origin. They are published
+    with the commit that passes them, so a crash in between redelivers rather than loses them."""
+
+    def __init__(self, group: str, prefix: str):
+        self.group = group
+        self.prefix = prefix
+        self.pending: list[DeadLetter] = []
+
+    def add(self, topic: str, record: ConsumerRecord, error: str) -> None:
+        self.pending.append(
+            DeadLetter(
+                event_id=derived_id(
+                    "dlq", self.group, self.prefix + topic, record.partition, record.offset
+                ),
+                origin_topic=topic,
+                origin_partition=record.partition,
+                origin_offset=record.offset,
+                consumer_group=self.group,
+                error=error,
+                raw=record.value or b"",
+                key=record.key or b"",
+            )
+        )
+
+    def add_failure(self, topic: str, record: ConsumerRecord, exc: Exception) -> None:
+        """A handler raised on this message alone."""
+        trace = traceback.format_exc(limit=5)
+        self.add(topic, record, f"handler: {type(exc).__name__}: {exc}\n{trace}")
+
+    def take(self) -> list[DeadLetter]:
+        letters, self.pending = self.pending, []
+        return letters
+
+
+def traced(handler: Callable[[Delivery], Awaitable[None]]) -> Callable[[Delivery], Awaitable[None]]:
+    """Run a per-event handler in a consumer span, child of the publisher's trace context."""
+
+    async def run(delivery: Delivery) -> None:
+        if not telemetry.enabled():
+            await handler(delivery)
+            return
+        attributes = {"messaging.system": "kafka", "rlbus.event_id": delivery.event.event_id}
+        parent = telemetry.extract_context(delivery.headers)
+        with telemetry.span(f"process {delivery.topic}", SpanKind.CONSUMER, parent, attributes):
+            await handler(delivery)
+
+    return run

@@ -1,0 +1,118 @@
+"""Publishing events: encoded (bus.messages), sent, and awaited until the broker acknowledged
+them (acks=all). Topics are created on first use with the configured partition count."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+from opentelemetry.trace import SpanKind
+
+from rlbus.bus import telemetry
+from rlbus.bus.claim_check import ClaimStore
+from rlbus.bus.messages import Headers, to_message
+from rlbus.config import KafkaConfig
+from rlbus.schemas import Event, topic_of
+
+
+class Topics:
+    """Topic names with the configured prefix, created on first use."""
+
+    def __init__(self, kafka: KafkaConfig):
+        self.kafka = kafka
+        self._admin: AIOKafkaAdminClient | None = None
+        self._ensured: set[str] = set()
+        self._lock = asyncio.Lock()
+
+    def name(self, topic: str) -> str:
+        return self.kafka.topic_prefix + topic
+
+    async def start(self) -> None:
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=self.kafka.bootstrap_servers)
+        await self._admin.start()
+
+    async def stop(self) -> None:
+        if self._admin is not None:
+            await self._admin.close()
+            self._admin = None
+
+    async def ensure(self, topics: Iterable[str]) -> None:
+        """Create the named (unprefixed) topics that do not exist yet."""
+        wanted = [t for t in topics if t not in self._ensured]
+        if not wanted:
+            return
+        if self._admin is None:
+            raise RuntimeError("Bus is not started: use `async with Bus(...) as bus`")
+        async with self._lock:
+            existing = set(await self._admin.list_topics())
+            missing = [self.name(t) for t in wanted if self.name(t) not in existing]
+            if missing:
+                new = [
+                    NewTopic(t, self.kafka.partitions, self.kafka.replication_factor)
+                    for t in missing
+                ]
+                try:
+                    await self._admin.create_topics(new)
+                except TopicAlreadyExistsError:
+                    pass  # another process won the race; the topic is there either way
+            self._ensured.update(wanted)
+
+
+class Publisher:
+    def __init__(self, kafka: KafkaConfig, topics: Topics, claims: ClaimStore, run_id: str):
+        self.kafka = kafka
+        self.topics = topics
+        self.claims = claims
+        self.run_id = run_id
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.kafka.bootstrap_servers,
+            acks="all",
+            enable_idempotence=False,  # unsupported by the embedded broker; consumers dedup instead
+            linger_ms=self.kafka.linger_ms,
+            max_batch_size=1024 * 1024,
+            max_request_size=self.kafka.max_request_size,
+        )
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    def _started(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            raise RuntimeError("Bus is not started: use `async with Bus(...) as bus`")
+        return self._producer
+
+    async def publish_many(self, events: Sequence[Event]) -> None:
+        """Publish events (any topics) and wait until the broker acknowledged all of them."""
+        producer = self._started()
+        await self.topics.ensure({topic_of(e).name for e in events})
+        futures = []
+        for event in events:
+            if not event.run_id:
+                event.run_id = self.run_id
+            attributes = {"messaging.system": "kafka", "rlbus.event_id": event.event_id}
+            name = f"publish {topic_of(event).name}"
+            with telemetry.span(name, SpanKind.PRODUCER, attributes=attributes):
+                m = to_message(event, self.claims)
+                sent = await producer.send(
+                    self.topics.name(m.topic), m.value, key=m.key, headers=m.headers
+                )
+            futures.append(sent)
+        if futures:
+            await asyncio.gather(*futures)
+
+    async def publish_raw(
+        self, topic: str, value: bytes, key: bytes | None = None, headers: Headers | None = None
+    ) -> None:
+        """Publish bytes as they are (tests, bridges); `topic` is unprefixed."""
+        producer = self._started()
+        await self.topics.ensure([topic])
+        await producer.send_and_wait(self.topics.name(topic), value, key=key, headers=headers or [])

@@ -1,0 +1,323 @@
+"""Consuming events, at least once: FastStream's subscriber shapes with rlbus's commit rule.
+
+    @bus.subscriber("rollouts", group="judge", batch=True)
+    async def handle(batch: list[Delivery]) -> None: ...
+
+    await handle.run(stop)
+
+A `BatchSubscriber` hands over one poll at a time (the sink, the judge, the orchestrator); an
+`EventSubscriber` one event at a time, up to `concurrency` at once (env producers). Either way a
+partition is committed only up to its oldest message still running or held
+(`Delivery.hold()`), after the handler's outputs were published or stored: a crash redelivers
+what was not finished. FastStream acknowledges message by message, so it has no committed
+prefix with holds; users' own consumers use FastStream, the core roles these classes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord
+
+from rlbus.bus.commits import Holds, Offsets, Polled
+from rlbus.bus.messages import from_record
+from rlbus.bus.middleware import DeadLetters, SeenIds, traced
+from rlbus.schemas import BY_NAME, Event
+
+if TYPE_CHECKING:
+    from rlbus.bus.bus import Bus
+
+log = logging.getLogger(__name__)
+
+OnError = Literal["dead_letter", "stop"]
+"""What a handler's exception does: dead-letter the message and go on, or stop the consumer
+uncommitted (for failures of infrastructure, not of the event: the sink's store going away
+must not dead-letter good events)."""
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One decoded message and where it came from."""
+
+    event: Event
+    topic: str
+    """Topic name without the prefix (e.g. "tasks")."""
+    partition: int
+    offset: int
+    key: bytes | None = None
+    headers: Sequence[tuple[str, bytes]] = field(default_factory=tuple)
+    holds: Holds | None = None
+
+    def hold(self) -> None:
+        """Keep this message uncommitted after the handler returns, until `release()`."""
+        if self.holds is not None:
+            self.holds.add(self.topic, self.partition, self.offset)
+
+    def release(self) -> None:
+        """Done with a held message: its partition may be committed past it again."""
+        if self.holds is not None:
+            self.holds.discard(self.topic, self.partition, self.offset)
+
+
+BatchHandler = Callable[[list[Delivery]], Awaitable[None]]
+EventHandler = Callable[[Delivery], Awaitable[None]]
+H = TypeVar("H", BatchHandler, EventHandler)
+
+Decoded = list[tuple[ConsumerRecord, Delivery]]
+
+
+class Subscriber(Generic[H]):
+    """One consumer-group member on `topics`; `run(stop)` consumes until `stop` is set."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        topics: Sequence[str],
+        group: str,
+        handler: H,
+        *,
+        max_records: int | None = None,
+        poll_timeout_ms: int = 200,
+        dedup: bool = True,
+        on_error: OnError = "dead_letter",
+    ):
+        unknown = [t for t in topics if t not in BY_NAME]
+        if unknown:
+            raise ValueError(f"unknown topics {unknown}; known: {sorted(BY_NAME)}")
+        self.bus = bus
+        self.topics = list(topics)
+        self.group = group
+        self.handler = handler
+        self.max_records = max_records or bus.kafka.fetch_max_records
+        self.poll_timeout_ms = poll_timeout_ms
+        self.seen = SeenIds() if dedup else None
+        self.on_error = on_error
+        prefix = bus.kafka.topic_prefix
+        self.dead = DeadLetters(group, prefix)
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        kafka = self.bus.kafka
+        await self.bus.topics.ensure([*self.topics, "dlq"])
+        consumer = AIOKafkaConsumer(
+            *[self.bus.topics.name(t) for t in self.topics],
+            bootstrap_servers=kafka.bootstrap_servers,
+            group_id=kafka.topic_prefix + self.group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=kafka.max_request_size,
+            fetch_max_bytes=max(kafka.max_request_size, 50 * 1024 * 1024),
+            max_poll_interval_ms=30 * 60 * 1000,
+        )
+        await consumer.start()
+        offsets = Offsets(consumer, kafka.topic_prefix, self.group)
+        try:
+            await self._consume(consumer, offsets, stop)
+        finally:
+            await consumer.stop()
+
+    async def _consume(
+        self, consumer: AIOKafkaConsumer, offsets: Offsets, stop: asyncio.Event
+    ) -> None:
+        raise NotImplementedError
+
+    def _decode(self, polled: Polled, holds: Holds) -> tuple[Decoded, bool]:
+        """Deliveries of the polled records; undecodable ones become dead letters, redelivered
+        ids are dropped. Also says whether anything was dropped or dead-lettered."""
+        good: Decoded = []
+        skipped = False
+        prefix = self.bus.kafka.topic_prefix
+        for tp, records in polled.items():
+            topic = tp.topic[len(prefix) :]
+            for record in records:
+                try:
+                    event = from_record(topic, record, self.bus.claims, tp.topic)
+                except Exception as exc:
+                    self.dead.add(topic, record, f"decode: {exc}")
+                    skipped = True
+                    continue
+                if self.seen is not None and not self.seen.add(event.event_id):
+                    skipped = True
+                    continue
+                headers = tuple(record.headers or ())
+                delivery = Delivery(
+                    event, topic, record.partition, record.offset, record.key, headers, holds
+                )
+                good.append((record, delivery))
+        return good, skipped
+
+    async def _commit(self, offsets: Offsets) -> None:
+        """Publish the dead letters (their messages are among those committed), then commit."""
+        letters = self.dead.take()
+        if letters:
+            await self.bus.publish_many(letters)
+        await offsets.commit()
+
+
+class BatchSubscriber(Subscriber[BatchHandler]):
+    """One handler call per poll. Polls are gathered until `batch_rows` records or
+    `batch_wait_s` since the first one; the next poll is fetched while a batch is handled;
+    batches are handled in order, each committed after it. A failing batch is retried one
+    delivery at a time, so one bad event does not sink its neighbours."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        topics: Sequence[str],
+        group: str,
+        handler: BatchHandler,
+        *,
+        batch_rows: int = 1,
+        batch_wait_s: float = 0.0,
+        **options: object,
+    ):
+        super().__init__(bus, topics, group, handler, **options)  # type: ignore[arg-type]
+        self.batch_rows = batch_rows
+        self.batch_wait_s = batch_wait_s
+
+    async def _consume(
+        self, consumer: AIOKafkaConsumer, offsets: Offsets, stop: asyncio.Event
+    ) -> None:
+        in_flight: asyncio.Task[None] | None = None
+
+        async def finish(good: Decoded, polled: Polled) -> None:
+            if good:
+                await self._handle(good)
+            offsets.taken(polled)
+            await self._commit(offsets)
+
+        try:
+            while not stop.is_set():
+                polled = await self._gather(consumer, stop)
+                if in_flight is not None and in_flight.done():
+                    in_flight.result()  # a failed batch stops the consumer now, not later
+                if not polled:
+                    continue
+                good, _ = self._decode(polled, offsets.holds)
+                if in_flight is not None:
+                    await in_flight
+                in_flight = asyncio.create_task(finish(good, polled))
+            if in_flight is not None:
+                await in_flight
+        finally:
+            if in_flight is not None and not in_flight.done():
+                in_flight.cancel()  # uncommitted: redelivered to whoever consumes next
+                await asyncio.gather(in_flight, return_exceptions=True)
+
+    async def _gather(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> Polled:
+        polled: Polled = {}
+        count = 0
+        deadline: float | None = None
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            timeout_ms = self.poll_timeout_ms
+            if deadline is not None:
+                timeout_ms = max(0, int((deadline - loop.time()) * 1000))
+            got = await consumer.getmany(timeout_ms=timeout_ms, max_records=self.max_records)
+            for tp, records in got.items():
+                polled.setdefault(tp, []).extend(records)
+                count += len(records)
+            if count and deadline is None:
+                deadline = loop.time() + self.batch_wait_s
+            if count >= self.batch_rows or (deadline is not None and loop.time() >= deadline):
+                break
+            if not count:
+                break  # nothing yet: let the caller check `stop` and poll again
+        return polled
+
+    async def _handle(self, good: Decoded) -> None:
+        if self.on_error == "stop":
+            await self.handler([d for _, d in good])
+            return
+        try:
+            await self.handler([d for _, d in good])
+            return
+        except Exception:
+            log.warning(
+                "batch handler failed on %d events; retrying one by one", len(good), exc_info=True
+            )
+        for record, delivery in good:
+            try:
+                await self.handler([delivery])
+            except Exception as exc:
+                self.dead.add_failure(delivery.topic, record, exc)
+
+
+class EventSubscriber(Subscriber[EventHandler]):
+    """One handler call per event, up to `concurrency` at once, each in its own trace span.
+    Polling goes on while handlers run, whenever a slot is free, so one slow event (a
+    three-hour rollout) never stalls the others; each partition is committed up to its
+    oldest event still running."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        topics: Sequence[str],
+        group: str,
+        handler: EventHandler,
+        *,
+        concurrency: int = 64,
+        **options: object,
+    ):
+        super().__init__(bus, topics, group, traced(handler), **options)  # type: ignore[arg-type]
+        self.concurrency = concurrency
+
+    async def _consume(
+        self, consumer: AIOKafkaConsumer, offsets: Offsets, stop: asyncio.Event
+    ) -> None:
+        running: set[asyncio.Task[None]] = set()
+        finished = False
+        """Something settled since the last commit: the commit can move on."""
+
+        async def run(record: ConsumerRecord, d: Delivery) -> None:
+            nonlocal finished
+            try:
+                await self.handler(d)
+            except Exception as exc:
+                if self.on_error == "stop":
+                    raise
+                self.dead.add_failure(d.topic, record, exc)
+            # Not in a `finally`: a handler cancelled at stop keeps its hold, so the commit
+            # never passes it and the event is redelivered.
+            offsets.holds.discard(d.topic, d.partition, d.offset)
+            finished = True
+
+        async def settle() -> None:
+            nonlocal finished
+            for task in [t for t in running if t.done()]:
+                running.discard(task)
+                task.result()  # on_error="stop": stop the consumer, uncommitted
+            if finished:
+                finished = False
+                await self._commit(offsets)
+
+        try:
+            while not stop.is_set():
+                await settle()
+                free = self.concurrency - len(running)
+                if free <= 0:
+                    timeout = self.poll_timeout_ms / 1000
+                    await asyncio.wait(
+                        running, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    continue
+                polled = await consumer.getmany(
+                    timeout_ms=self.poll_timeout_ms, max_records=min(free, self.max_records)
+                )
+                if not polled:
+                    continue
+                good, skipped = self._decode(polled, offsets.holds)
+                for record, d in good:
+                    offsets.holds.add(d.topic, d.partition, d.offset)
+                    running.add(asyncio.create_task(run(record, d)))
+                offsets.taken(polled)
+                finished = finished or skipped  # dead letters and duplicates move the commit too
+            await settle()
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)

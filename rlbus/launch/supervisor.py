@@ -1,0 +1,124 @@
+"""`rlbus run`: every role of a run as local child processes on one machine.
+
+Starts the embedded broker (unless one is configured), a sink holding the store, inference,
+the trainer, the orchestrator, and env producers and judges per environment; shows a live
+dashboard read from the store; stops everything cleanly when the orchestrator is done
+(max_steps and the final evaluation), on Ctrl-C, or when a role dies (naming it).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+
+from rlbus.bus import free_port
+from rlbus.bus.waiting import wait_for
+from rlbus.clients.inference import healthy
+from rlbus.config import Settings, data_dir
+from rlbus.config.run import RunConfig
+from rlbus.discovery import local_broker, store_served_elsewhere
+from rlbus.launch.dashboard import FINAL_STEP, Dashboard
+from rlbus.launch.env_files import env_file
+from rlbus.launch.local_sink import LocalSink
+from rlbus.launch.processes import RoleProcess, alive
+
+STOP_ORDER = {"orchestrator": 0, "env": 1, "judge": 2, "trainer": 3, "inference": 4, "sink": 5}
+"""Orchestrator and producers first, the trainer (finishing its batch), inference, the sink last."""
+
+
+class LocalRun:
+    """Every role of a run as child processes; `run()` blocks until done, Ctrl-C or a failure."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        config_path: Path,
+        overrides: list[str],
+        resume: bool,
+        console: Console,
+    ):
+        self.cfg = cfg
+        self.config_path = config_path.resolve()
+        self.overrides = overrides
+        self.resume = resume
+        self.console = console
+        self.run_dir = data_dir(cfg) / "runs" / cfg.run_id
+        self.processes: list[RoleProcess] = []
+
+    def _start(self, role: str, settings: Settings, args: list[str]) -> RoleProcess:
+        process = RoleProcess(role, settings, self.run_dir / "logs", args)
+        self.processes.append(process)
+        return process
+
+    def run(self, timeout_s: float = 600) -> int:
+        """Returns the orchestrator's exit code (0: max_steps reached and evaluated)."""
+        with local_broker(self.cfg.base()) as base:
+            self.console.print(
+                f"broker {base.kafka.bootstrap_servers} · store {base.store.url} · "
+                f"logs {self.run_dir / 'logs'}"
+            )
+            try:
+                return self._run(base, timeout_s)
+            finally:
+                self.stop()
+
+    def _inference_url(self, base: Settings) -> str:
+        """The configured inference server, else one started here."""
+        if self.cfg.inference.url:
+            return self.cfg.inference.url
+        inference = self.cfg.inference
+        port = inference.port or free_port()
+        args = ["--model", str(Path(self.cfg.model).resolve()), "--port", str(port)]
+        args += ["--backend", inference.backend, "--device", inference.device]
+        self._start("inference", base, [*args, "--threads", str(inference.threads)])
+        return f"http://127.0.0.1:{port}/v1"
+
+    def _run(self, base: Settings, timeout_s: float) -> int:
+        run_args = ["--config", str(self.config_path), *self.overrides]
+        run_args += ["--kafka.bootstrap-servers", base.kafka.bootstrap_servers or ""]
+        run_args += ["--resume"] if self.resume else []
+        # Every role starts at once (on a small machine their imports and model loads take most
+        # of the start-up, and none needs another to be up first: the orchestrator sends no task
+        # before inference announces the trainer's first version). Only the dashboard, which
+        # opens the store, waits for the sink to hold it.
+        sink = self._start("sink", base, [])
+        url = self._inference_url(base)
+        trainer = self._start("trainer", base, run_args)
+        orchestrator = self._start("orchestrator", base, [*run_args, "--inference.url", url])
+        envs_dir = self.run_dir / "envs"
+        for name, entry in self.cfg.envs.items():
+            path = env_file(entry, name, self.config_path.parent, envs_dir, self.cfg.model, url)
+            for _ in range(entry.producers):
+                self._start("env", base, [str(path)])
+            for _ in range(entry.judges):
+                self._start("judge", base, [str(path)])
+        # Roles that run until stopped, so any exit is a failure (the trainer may end at max_steps).
+        services = alive(*(p for p in self.processes if p not in (orchestrator, trainer)))
+        served = "the sink to serve the store"
+        wait_for(lambda: store_served_elsewhere(base), timeout_s, served, check=services)
+        wait_for(lambda: healthy(url), timeout_s, f"inference at {url}", check=services)
+        dashboard = Dashboard(self.cfg.run_id, base.store.url)
+        with Live(dashboard.refresh(), console=self.console, refresh_per_second=2) as live:
+            while orchestrator.alive():
+                services()
+                if not trainer.alive() and trainer.proc.returncode != 0:
+                    trainer.check()
+                time.sleep(1.0)
+                if time.monotonic() - dashboard.refreshed > 3:  # its queries cost the sink CPU too
+                    live.update(dashboard.refresh())
+            if orchestrator.proc.returncode == 0:
+                # The last events (final step, evaluation) reach the store before the sink stops.
+                final = {"run": self.cfg.run_id, "step": self.cfg.max_steps}
+                LocalSink(base, sink).wait_landed(FINAL_STEP, final, 1, "the final step", 60)
+                time.sleep(2 * base.store.flush_interval_s + 1)
+            live.update(dashboard.refresh())
+        if orchestrator.proc.returncode != 0:
+            orchestrator.check()
+        return orchestrator.proc.returncode
+
+    def stop(self) -> None:
+        for p in sorted(self.processes, key=lambda p: STOP_ORDER.get(p.role, 9)):
+            p.stop()

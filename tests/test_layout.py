@@ -1,0 +1,147 @@
+"""The map stays true: who may import whom (DESIGN.md's layout and the contracts below the roles),
+read from the source with `ast`, lazy imports and TYPE_CHECKING imports included (a dependency
+is a dependency, wherever its import statement sits)."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = {
+    "rlbus": "rlbus",
+    "schemas": "rlbus.schemas",
+    "bus": "rlbus.bus",
+    "clients": "rlbus.clients",
+    "producers": "rlbus.producers",
+    "consumers": "rlbus.consumers",
+}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT)
+    parts = [FOLDERS[rel.parts[0]], *rel.with_suffix("").parts[1:]]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def area(module: str) -> str:
+    """The part of the layout a module belongs to."""
+    parts = module.split(".")
+    second = parts[1] if len(parts) > 1 else ""
+    if second in ("schemas", "config", "clients", "bus", "testing", "console"):
+        return second
+    if second in ("cli", "commands"):
+        return "cli"
+    if second in ("launch", "discovery"):
+        return "launcher"
+    if second == "producers":
+        # Task sources (files, data sets, generators) lie below the environment definition
+        # that draws its tasks from them, which lies below the env producer that runs it.
+        if parts[2:3] == ["tasksets"]:
+            return "tasksets"
+        return "environment" if parts[2:3] in (["environment"], ["env"]) else "producers"
+    if second == "consumers":
+        return (
+            f"consumers.{parts[2]}"
+            if len(parts) > 3 or parts[2:3] != ["heartbeat"]
+            else "consumers"
+        )
+    return module
+
+
+def imports() -> dict[str, set[str]]:
+    """Module -> the rlbus modules it imports (absolute names, every import statement)."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for folder in FOLDERS:
+        for path in (ROOT / folder).rglob("*.py"):
+            module = module_name(path)
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    names = [node.module]
+                else:
+                    continue
+                found[module].update(n for n in names if n == "rlbus" or n.startswith("rlbus."))
+    return found
+
+
+ALLOWED: dict[str, set[str]] = {
+    "schemas": {"schemas"},
+    "config": {"config", "schemas"},
+    "clients": {"clients", "config", "schemas"},
+    "bus": {"bus", "config", "schemas"},
+}
+"""The contracts below the roles import only what lies below them."""
+
+
+def test_contracts_import_nothing_above_them() -> None:
+    wrong = [
+        (module, target)
+        for module, targets in imports().items()
+        if area(module) in ALLOWED
+        for target in targets
+        if area(target) not in ALLOWED[area(module)]
+    ]
+    assert not wrong, f"imports from a lower layer into a higher one: {wrong}"
+
+
+def test_roles_import_neither_the_cli_nor_the_launcher_nor_each_other() -> None:
+    wrong = []
+    for module, targets in imports().items():
+        here = area(module)
+        if not here.startswith(("producers", "consumers", "environment", "tasksets")):
+            continue
+        for target in targets:
+            there = area(target)
+            if there in ("cli", "launcher"):
+                wrong.append((module, target, "roles never import the CLI or the launcher"))
+            elif here in ("producers", "environment", "tasksets") and there.startswith("consumers"):
+                wrong.append((module, target, "producers never import consumers"))
+            elif here.startswith("consumers") and there in ("producers", "tasksets"):
+                wrong.append((module, target, "consumers import only environment definitions"))
+            elif here.startswith("consumers.") and there.startswith("consumers.") and there != here:
+                wrong.append((module, target, "a role never imports another role"))
+    assert not wrong, "\n".join(map(str, wrong))
+
+
+def test_no_import_circle_between_areas() -> None:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, targets in imports().items():
+        for target in targets:
+            if area(target) != area(module):
+                graph[area(module)].add(area(target))
+    circles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        for nxt in graph.get(node, ()):
+            if nxt in path:
+                circles.append([*path[path.index(nxt) :], nxt])
+            elif len(path) < 12:
+                visit(nxt, [*path, nxt])
+
+    for start in list(graph):
+        visit(start, [start])
+    assert not circles, f"import circles: {circles[:5]}"
+
+
+@pytest.mark.parametrize(
+    ("module", "expected"),
+    [
+        ("rlbus.schemas.samples", "schemas"),
+        ("rlbus.producers.environment.scoring", "environment"),
+        ("rlbus.producers.tasksets.sources", "tasksets"),
+        ("rlbus.producers.rollouts", "producers"),
+        ("rlbus.consumers.judge.worker", "consumers.judge"),
+        ("rlbus.consumers.heartbeat", "consumers"),
+        ("rlbus.commands.workers", "cli"),
+        ("rlbus.launch.supervisor", "launcher"),
+    ],
+)
+def test_areas_are_what_the_rules_think(module: str, expected: str) -> None:
+    assert area(module) == expected
