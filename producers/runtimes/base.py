@@ -196,11 +196,12 @@ async def run_process(
         if on_timeout is not None:
             await on_timeout()
     finally:
-        # Whatever the program left running goes with it: its group, and its whole tree.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        # Whatever the program left running goes with it: its whole tree (first, while the
+        # program still holds its orphans), and its process group.
         if tree is not None:
             await tree.kill()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
