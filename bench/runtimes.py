@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlbus.bus import free_port
-from rlbus.processes import wait_for
+from rlbus.bus.waiting import wait_for
 from rlbus.producers.environment import load_environment
 from rlbus.producers.interception import EvalBackend, InterceptionServer
 from rlbus.producers.rollouts import RolloutRunner

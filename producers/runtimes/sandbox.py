@@ -119,7 +119,8 @@ class SandboxRuntime(ProcessRuntime):
 
     def options(self, workdir: Path, env: dict[str, str], readable: Sequence[Path]) -> list[str]:
         """bubblewrap's options for one program run (they travel in a memfd, not its argv)."""
-        visible = {sys.prefix, sys.base_prefix, *map(str, readable), *self.config.read_only}
+        extra = [str(Path(p).resolve()) for p in self.config.read_only]
+        visible = {sys.prefix, sys.base_prefix, *map(str, readable), *extra}
         return [
             *("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"),
             *("--die-with-parent", "--new-session", "--cap-drop", "ALL"),

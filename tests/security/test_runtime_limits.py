@@ -106,7 +106,9 @@ import subprocess
 hold = "x = bytearray(100 << 20); print('held', flush=True); import time; time.sleep(4)"
 children = [subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
             for _ in range(4)]
-held = sum(child.stdout.readline().strip() == "held" for child in children)
+said = [child.stdout.readline().strip() == "held" for child in children]
+# Holding now: said so and still alive (the kernel may have killed one after it said so).
+held = sum(s and child.poll() is None for s, child in zip(said, children))
 print(json.dumps({"held_mib": 100 * held}), flush=True)
 """
 
