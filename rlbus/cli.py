@@ -14,6 +14,7 @@ from rlbus.commands import (
     run,
     store_cmds,
     tasks,
+    ui,
     workers,
 )
 
@@ -39,5 +40,6 @@ for module in (
     broker,
     config_cmd,
     workers,
+    ui,
 ):
     module.register(app, worker_app)

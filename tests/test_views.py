@@ -9,6 +9,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -162,14 +163,9 @@ def build(run: str, other: str) -> Data:
     return data
 
 
-@pytest.fixture(scope="module")
-def filled(
-    broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Store, Data]]:
-    """The data published twice over (an at-least-once producer's retry) into a real sink
-    process; the views are read through its endpoint."""
-    tmp = tmp_path_factory.mktemp("views")
-    settings: Settings = load_settings(
+def module_settings(broker: EmbeddedBroker, tmp: Path) -> Settings:
+    """What conftest's `settings` gives a test, for a module's shared store."""
+    return load_settings(
         overrides={
             "run_id": f"run-{uuid.uuid4().hex[:8]}",
             "kafka": {
@@ -178,8 +174,19 @@ def filled(
                 "partitions": 2,
             },
             "store": {"url": f"chdb://{tmp / 'store'}", "flush_interval_s": 0.2},
+            "claim_check": {"url": str(tmp / "claims")},
         }
     )
+
+
+@pytest.fixture(scope="module")
+def filled(
+    broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Store, Data]]:
+    """The data published twice over (an at-least-once producer's retry) into a real sink
+    process; the views are read through its endpoint."""
+    tmp = tmp_path_factory.mktemp("views")
+    settings = module_settings(broker, tmp)
     data = build(settings.run_id, f"{settings.run_id}-other")
     sink = start_sink(settings, tmp / "logs")
     try:
