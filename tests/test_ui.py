@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import html
-import json
 import os
 import re
 import struct
@@ -25,6 +24,7 @@ import pytest
 from test_run import EXAMPLE, run_config
 from test_sink import publish, start_sink
 from test_views import module_settings
+from tokenizers import Tokenizer
 
 from rlbus.bus import EmbeddedBroker
 from rlbus.bus.store import Store, open_store
@@ -33,7 +33,7 @@ from rlbus.consumers.inference.model_init import init_model
 from rlbus.launcher import run_in_process
 from rlbus.processes import wait_for
 from rlbus.schemas import DeadLetter, RolloutCompleted, RolloutScored, derived_id
-from rlbus.ui.browser import Browser
+from rlbus.ui.browser import Browser, BrowserMissing, executable
 from rlbus.ui.charts import number
 
 MARKER = "<script>alert('owned')</script> half an answer"
@@ -47,6 +47,7 @@ class World:
     run: str
     other: str
     shots: Path
+    tokenizer: Path
     errored: str
     rescored: str
     shared_task: str
@@ -57,10 +58,13 @@ class World:
         return response.text
 
 
-def start_ui(settings: Settings, tokenizer: Path, log: Path) -> tuple[subprocess.Popen, str]:
+def start_ui(
+    settings: Settings, log: Path, tokenizer: Path | None = None
+) -> tuple[subprocess.Popen, str]:
     """The real command, on a free port; its URL is the first thing it prints."""
+    decode = ["--tokenizer", str(tokenizer)] if tokenizer else []
     process = subprocess.Popen(
-        [sys.executable, "-m", "rlbus", "ui", "--port", "0", "--tokenizer", str(tokenizer)],
+        [sys.executable, "-m", "rlbus", "ui", "--port", "0", *decode],
         env={**os.environ, **settings_env(settings), "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
         stderr=log.open("wb"),
@@ -177,10 +181,10 @@ def world(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> I
                 "the extra events in the store",
                 processes=(sink,),
             )
-        ui, url = start_ui(settings, model, tmp / "ui.log")
+        ui, url = start_ui(settings, tmp / "ui.log", model)
         shots = tmp / "screenshots"
         shots.mkdir()
-        yield World(settings, url, run, other, shots, errored, rescored, task)
+        yield World(settings, url, run, other, shots, model, errored, rescored, task)
     finally:
         if ui is not None:
             ui.terminate()
@@ -344,13 +348,12 @@ def test_rollout_page_has_messages_trace_scores_timing_and_tokens(world: World) 
     )
     assert [int(i) for _, i, _, _ in sampled] == list(ids)
     assert {int(v) for *_, v, _ in sampled} == {version}
-    (completion,) = sql(
-        world,
-        "SELECT completion FROM rollouts WHERE rollout_id = {r:String} LIMIT 1",
-        r=world.rescored,
-    )[0]
-    content = json.loads(completion)[-1]["content"]
-    assert content and html.escape(content, quote=True) in "".join(t for *_, t in sampled)
+    # Decoded with the run's tokenizer: each token's own text (a byte token may be part of a
+    # character, so the strip shows what that one token decodes to).
+    tokenizer = Tokenizer.from_file(str(world.tokenizer / "tokenizer.json"))
+    assert [html.unescape(t) for *_, t in sampled] == [
+        tokenizer.decode([i], skip_special_tokens=False) for i in ids
+    ]
 
 
 def test_compare_shows_both_curves_and_the_same_task_side_by_side(world: World) -> None:
@@ -509,3 +512,43 @@ def test_every_page_in_a_real_browser(world: World) -> None:
 
 def test_keyboard_moves_opens_filters_pages_and_runs_sql(world: World) -> None:
     asyncio.run(check_keys_in_browser(world))
+
+
+def test_a_missing_browser_fails_and_says_what_installs_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(BrowserMissing, match=r"`\.ci/run` installs Debian's chromium"):
+        executable()
+
+
+def test_the_ui_reads_on_after_the_process_holding_the_store_stops(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """While a sink holds the store the ui reads through its endpoint; once it stops, the ui
+    opens the directory itself and the same page still shows the run."""
+    sink = start_sink(settings, tmp_path / "logs")
+    ui = None
+    try:
+        scored = RolloutScored(
+            run_id=settings.run_id, rollout_id="r1", group_id="g", task_id="t", env="e", reward=1
+        )
+        asyncio.run(publish(settings, [scored]))
+        with open_store(settings.store.url, read_only=True) as store:
+            wait_for(
+                lambda: store.query("SELECT count() FROM scored").rows[0][0] == 1,
+                60,
+                "the score in the store",
+                processes=(sink,),
+            )
+        ui, url = start_ui(settings, tmp_path / "ui.log")
+        assert settings.run_id in httpx.get(f"{url}/", timeout=60).text
+        sink.stop()
+        response = httpx.get(f"{url}/", timeout=60)
+        assert response.status_code == 200 and settings.run_id in response.text
+        assert "through" not in response.text.split("<footer>")[1]  # read directly now
+    finally:
+        if ui is not None:
+            ui.terminate()
+            ui.wait(15)
+        sink.stop()

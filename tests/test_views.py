@@ -48,7 +48,7 @@ class Data:
 
 def build(run: str, other: str) -> Data:
     """Two environments' rollouts with scores, model calls, errors of each kind, train steps
-    (one stored twice under two ids) and dead letters; a second run to tell apart."""
+    and dead letters; a second run to tell apart."""
     rng = np.random.default_rng(7)
     data = Data(run, other)
     i = 0
@@ -125,18 +125,6 @@ def build(run: str, other: str) -> Data:
                 dropped_stale=dropped,
             )
         )
-    # Step 2 again under a new id, later (a resumed trainer): the view counts its latest event.
-    data.events.append(
-        TrainStep(
-            run_id=run,
-            ts=T0 + 2000,
-            step=2,
-            num_tokens=3000,
-            tokens_per_s=600.0,
-            staleness={"2": 5, "0": 11},
-            dropped_stale=2,
-        )
-    )
     for n in range(3):
         data.events.append(
             DeadLetter(
@@ -217,13 +205,11 @@ def close(a: float | None, b: float | None) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=2e-6)
 
 
-def test_staleness_per_step_counts_the_latest_event_of_each_step(
+def test_staleness_per_step(
     filled: tuple[Store, Data],
 ) -> None:
     store, data = filled
-    latest: dict[int, TrainStep] = {}
-    for s in sorted(data.of(TrainStep), key=lambda s: s.ts):
-        latest[s.step] = s
+    latest = {s.step: s for s in data.of(TrainStep)}
     got = rows(store, "SELECT * FROM staleness WHERE run_id = {run:String} ORDER BY step", data.run)
     assert [r["step"] for r in got] == sorted(latest)
     for r in got:
@@ -251,11 +237,8 @@ def test_throughput_per_role_and_version(filled: tuple[Store, Data]) -> None:
         start = min(round(r.ts * 1e6) - int(r.duration_s * 1e6) for r in records) / 1e6
         seconds = max(round(r.ts * 1e6) for r in records) / 1e6 - start
         expected[("inference", version)] = (len(records), tokens, seconds, tokens / seconds)
-    latest: dict[int, TrainStep] = {}
-    for s in sorted(data.of(TrainStep), key=lambda s: s.ts):
-        latest[s.step] = s
-    for step, s in latest.items():
-        expected[("trainer", step)] = (
+    for s in data.of(TrainStep):
+        expected[("trainer", s.step)] = (
             1,
             s.num_tokens,
             s.num_tokens / s.tokens_per_s,

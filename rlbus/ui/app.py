@@ -121,10 +121,9 @@ class Pages:
     def run(self, request: Request) -> Response:
         started = time.perf_counter()
         run_id = request.path_params["run_id"]
-        summary = self.q.run(run_id)
+        summary, data = self.q.run_page(run_id)
         if summary is None:
             raise NotFound(f"no run {run_id!r} in the store")
-        data = self.q.run_curves(run_id)
         reward, steps, stale = data["reward"], data["steps"], data["staleness"]
         inference = [r for r in data["throughput"] if r["role"] == "inference"]
         trainer = [r for r in data["throughput"] if r["role"] == "trainer"]
@@ -225,11 +224,10 @@ class Pages:
     def rollout(self, request: Request) -> Response:
         started = time.perf_counter()
         rollout_id = request.path_params["rollout_id"]
-        row = self.q.rollout(rollout_id)
+        found = self.q.rollout_page(rollout_id)
+        row, nodes, records, scores = (found[k] for k in ("row", "nodes", "records", "scores"))
         if row is None:
             raise NotFound(f"no rollout {rollout_id!r} in the store")
-        nodes, records = self.q.trace(rollout_id)
-        scores = self.q.scores(rollout_id)
         model_s = sum(r.duration_s for r in records)
         calls = [
             {
@@ -270,21 +268,20 @@ class Pages:
     def compare(self, request: Request) -> Response:
         started = time.perf_counter()
         params = _params(request)
-        runs = self.q.run_ids()
         a, b = params.get("a", ""), params.get("b", "")
-        context: dict[str, Any] = {"runs": runs, "a": a, "b": b, "tasks": [], "task": ""}
+        context: dict[str, Any] = {
+            "runs": self.q.run_ids(),
+            "a": a,
+            "b": b,
+            "tasks": [],
+            "task": "",
+        }
         if a and b:
-            curves = {
-                run: self.q.rows(
-                    "SELECT * FROM reward_by_step WHERE run_id = {run:String} ORDER BY step",
-                    run=run,
-                )
-                for run in (a, b)
-            }
+            data = self.q.compare(a, b, params.get("task", ""))
             context["figure"] = line_chart(
                 [
-                    Series(f"{label} {name}", [(r["step"], r[column]) for r in curves[run]])
-                    for label, run in (("A", a), ("B", b))
+                    Series(f"{label} {name}", [(r["step"], r[column]) for r in data[label.lower()]])
+                    for label in ("A", "B")
                     for column, name in (
                         ("mean_reward", "reward"),
                         ("held_out_mean_reward", "held-out"),
@@ -293,23 +290,16 @@ class Pages:
                 "reward by policy version",
                 "version",
             )
-            tasks = self.q.shared_tasks(a, b)
-            task = params.get("task") or (tasks[0] if tasks else "")
             context.update(
-                tasks=tasks,
-                task=task,
-                sides=[(label, run, self._side(run, task)) for label, run in (("A", a), ("B", b))]
-                if task
-                else [],
+                tasks=data["tasks"],
+                task=data["task"],
+                sides=[
+                    (label, run, [_readable(r) for r in data["sides"][run]])
+                    for label, run in (("A", a), ("B", b))
+                    if run in data["sides"]
+                ],
             )
         return self.page("compare.html", request, started, title="compare runs", **context)
-
-    def _side(self, run: str, task: str) -> list[dict[str, Any]]:
-        rows = self.q.task_rollouts(run, task)
-        for row in rows:
-            row["prompt_messages"] = messages(row["prompt"])
-            row["messages"] = messages(row["completion"], "assistant")
-        return rows
 
     def sql(self, request: Request) -> Response:
         started = time.perf_counter()
@@ -339,6 +329,14 @@ class Pages:
                     figure=_quick_chart(result.columns, rows),
                 )
         return self.page("sql.html", request, started, title="sql", **context)
+
+
+def _readable(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **row,
+        "prompt_messages": messages(row["prompt"]),
+        "messages": messages(row["completion"], "assistant"),
+    }
 
 
 def _numeric(value: Any) -> bool:
@@ -401,7 +399,8 @@ def create_app(url: str, tokenizer: str | None = None, hosts: list[str] | None =
     """The ui over the store at `url`; requests must name one of `hosts` (loopback names by
     default), so a web page elsewhere cannot reach it through DNS rebinding."""
     source = StoreSource(url)
-    pages = Pages(Queries(source), Decoder(tokenizer), source)
+    queries = Queries(source)
+    pages = Pages(queries, Decoder(tokenizer), source)
     routes = [
         Route("/", _handled(pages, pages.runs)),
         Route("/runs/{run_id:path}", _handled(pages, pages.run)),
@@ -417,6 +416,7 @@ def create_app(url: str, tokenizer: str | None = None, hosts: list[str] | None =
         try:
             yield
         finally:
+            queries.close()
             source.close()
 
     return Starlette(

@@ -5,7 +5,10 @@ place that runs a user's SQL, through the store's read-only path with row and ti
 from __future__ import annotations
 
 import math
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -18,6 +21,10 @@ CONSOLE_ROWS = 1000
 CONSOLE_SECONDS = 30
 LIVE_S = 120
 """A run whose latest event is younger than this is shown as live."""
+CHOICES_S = 10.0
+"""How long the filters' choices (runs, environments, error kinds) are reused."""
+PARALLEL = 4
+"""Queries of one page sent at once: each waits mostly on the store's round trip."""
 
 
 def records(result: Rows) -> list[dict[str, Any]]:
@@ -67,9 +74,27 @@ RUN_DEFAULTS: dict[str, Any] = {
 }
 """A run seen in some of the tables only (a replay has steps and no rollouts)."""
 
-RUN_WHERE = "WHERE run_id = {run:String}"
+RUN_CONDITION = "run_id = {run:String}"
+RUN_WHERE = f"WHERE {RUN_CONDITION}"
+RUN_SUMMARY = f"""
+SELECT groupUniqArrayIf(env, env != '') AS envs, groupUniqArrayIf(model, model != '') AS models,
+       groupUniqArrayIf(harness, harness != '') AS harnesses, count() AS rollouts,
+       countIf(status != 'ok') AS errors, min(ts) AS first_ts, max(ts) AS last_ts,
+       (SELECT max(step) FROM train_steps {RUN_WHERE}) AS steps,
+       (SELECT count() FROM train_steps {RUN_WHERE}) AS steps_stored
+FROM rollouts FINAL {RUN_WHERE}
+"""
+RUN_IDS = "SELECT run_id, max(ts) AS last FROM rollouts GROUP BY run_id ORDER BY last DESC"
+REWARD_CURVE = f"SELECT * FROM reward_by_step {RUN_WHERE} ORDER BY step"
+CHOICES = """
+SELECT
+    (SELECT groupUniqArray(toString(env)) FROM rollouts WHERE 1 {scope}) AS envs,
+    (SELECT groupUniqArray(if(error_kind = '', 'unknown', toString(error_kind))) FROM rollouts
+     WHERE status != 'ok' {scope}) AS kinds
+"""
+"""The filters' choices in one round trip (`scope` is empty or a fixed run condition)."""
 RUN_CURVES = {
-    "reward": f"SELECT * FROM reward_by_step {RUN_WHERE} ORDER BY step",
+    "reward": REWARD_CURVE,
     "steps": (
         "SELECT step, loss, grad_norm, entropy, mismatch_kl, lr, num_samples, num_tokens "
         f"FROM train_steps FINAL {RUN_WHERE} ORDER BY step, ts DESC LIMIT 1 BY step"
@@ -197,7 +222,7 @@ SELECT task_id FROM (
     INTERSECT
     SELECT DISTINCT task_id FROM rollouts WHERE run_id = {b:String}
 )
-ORDER BY task_id LIMIT {limit:UInt32}
+ORDER BY task_id LIMIT 200
 """
 TASK_ROLLOUTS = """
 SELECT r.rollout_id AS rollout_id, r.sample_index AS sample_index, r.status AS status,
@@ -212,6 +237,15 @@ LEFT JOIN (
 ) AS s ON r.rollout_id = s.rollout_id
 ORDER BY version, sample_index
 """
+ROLLOUT = """
+SELECT * EXCEPT (kafka_partition, kafka_offset) FROM rollouts FINAL
+WHERE rollout_id = {id:String} ORDER BY ts DESC LIMIT 1
+"""
+SCORES = """
+SELECT * EXCEPT (kafka_partition, kafka_offset, rollout_id, group_id, task_id, env, sample_index,
+                 group_size, schema_version, run_id)
+FROM scored FINAL WHERE rollout_id = {id:String} ORDER BY ts
+"""
 ROLLOUT_COLUMNS = (
     "rollout_id, run_id, env, task_id, sample_index, status, error_kind, model, num_turns, "
     "completion_tokens, min_policy_version, max_policy_version, duration_s, ts"
@@ -221,6 +255,28 @@ ROLLOUT_COLUMNS = (
 class Queries:
     def __init__(self, source: StoreSource):
         self.source = source
+        self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="rlbus-ui-query")
+        self._cache: dict[Any, tuple[float, Any]] = {}
+        self._cache_lock = threading.Lock()
+
+    def parallel(self, calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+        futures = {name: self._pool.submit(call) for name, call in calls.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+    def cached(self, key: Any, load: Callable[[], Any]) -> Any:
+        """`load()`, reused for CHOICES_S seconds."""
+        now = time.monotonic()
+        with self._cache_lock:
+            hit = self._cache.get(key)
+        if hit is not None and now - hit[0] < CHOICES_S:
+            return hit[1]
+        value = load()
+        with self._cache_lock:
+            self._cache[key] = (now, value)
+        return value
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def rows(self, sql: str, **params: Any) -> list[dict[str, Any]]:
         return clean(records(self.source.query(sql, params)))
@@ -244,49 +300,36 @@ class Queries:
         return sorted(runs.values(), key=lambda r: -r["last_event"])
 
     def run(self, run_id: str) -> dict[str, Any] | None:
-        rows = self.rows(
-            "SELECT groupUniqArrayIf(env, env != '') AS envs, "
-            "groupUniqArrayIf(model, model != '') AS models, "
-            "groupUniqArrayIf(harness, harness != '') AS harnesses, count() AS rollouts, "
-            "countIf(status != 'ok') AS errors, min(ts) AS first_ts, max(ts) AS last_ts "
-            f"FROM rollouts FINAL {RUN_WHERE}",
-            run=run_id,
-        )
-        steps = self.rows(
-            f"SELECT max(step) AS steps, count() AS n FROM train_steps {RUN_WHERE}", run=run_id
-        )
-        summary = {
-            **rows[0],
-            "run_id": run_id,
-            "steps": steps[0]["steps"] if steps[0]["n"] else None,
-        }
+        summary = {**self.rows(RUN_SUMMARY, run=run_id)[0], "run_id": run_id}
+        if not summary["steps_stored"]:
+            summary["steps"] = None
         if not summary["rollouts"] and summary["steps"] is None:
             return None
         summary["mode"] = "train" if summary["steps"] is not None else "eval"
         return summary
 
-    def run_curves(self, run_id: str) -> dict[str, list[dict[str, Any]]]:
-        return {name: self.rows(sql, run=run_id) for name, sql in RUN_CURVES.items()}
+    def run_page(self, run_id: str) -> tuple[dict[str, Any] | None, dict[str, list[dict]]]:
+        """A run's summary and every curve and table of its page, queried at once."""
+        calls: dict[str, Callable[[], Any]] = {
+            name: (lambda q=sql: self.rows(q, run=run_id)) for name, sql in RUN_CURVES.items()
+        }
+        calls["summary"] = lambda: self.run(run_id)
+        data = self.parallel(calls)
+        return data.pop("summary"), data
 
     def run_ids(self) -> list[str]:
-        return [
-            r["run_id"]
-            for r in self.rows(
-                "SELECT run_id, max(ts) AS last FROM rollouts GROUP BY run_id ORDER BY last DESC"
-            )
-        ]
+        return self.cached("runs", lambda: [r["run_id"] for r in self.rows(RUN_IDS)])
 
     # -- rollouts --------------------------------------------------------------------
 
     def filter_choices(self, run: str) -> dict[str, list[str]]:
-        scope, params = (RUN_WHERE, {"run": run}) if run else ("", {})
-        envs = self.rows(f"SELECT DISTINCT env FROM rollouts {scope} ORDER BY env", **params)
-        kinds = self.rows(
-            f"SELECT DISTINCT kind FROM errors_by_kind {scope} "
-            f"{'AND' if scope else 'WHERE'} stage IN ('rollout', 'scoring') ORDER BY kind",
-            **params,
-        )
-        return {"env": [r["env"] for r in envs], "error_kind": [r["kind"] for r in kinds]}
+        def load() -> dict[str, list[str]]:
+            scope, params = (f"AND {RUN_CONDITION}", {"run": run}) if run else ("", {})
+            found = self.rows(CHOICES.format(scope=scope), **params)[0]
+            kinds = sorted({*found["kinds"], "reward"})
+            return {"env": sorted(found["envs"]), "error_kind": kinds}
+
+        return self.cached(("choices", run), load)
 
     def rollouts(self, filters: RolloutFilters, after: str = "", before: str = "") -> RolloutPage:
         """One page in rollout_id order (the table's ORDER BY key): a cursor, never OFFSET, so
@@ -301,12 +344,14 @@ class Queries:
             params["before"] = before
         where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
         started = time.perf_counter()
-        rows = self.rows(
+        # Read in key order and stop early; copies of a redelivered rollout that merges have not
+        # collapsed yet sit side by side, so twice the page leaves room to drop them here.
+        found = self.rows(
             f"SELECT {ROLLOUT_COLUMNS} FROM rollouts {where} "
-            f"ORDER BY rollout_id {'DESC' if backwards else ''} LIMIT 1 BY rollout_id "
-            f"LIMIT {PAGE_ROWS + 1}",
+            f"ORDER BY rollout_id {'DESC' if backwards else ''} LIMIT {2 * PAGE_ROWS + 1}",
             **params,
         )
+        rows = list({r["rollout_id"]: r for r in found}.values())
         more = len(rows) > PAGE_ROWS
         rows = rows[:PAGE_ROWS]
         if backwards:
@@ -329,39 +374,46 @@ class Queries:
             seconds,
         )
 
-    def rollout(self, rollout_id: str) -> dict[str, Any] | None:
-        rows = self.rows(
-            "SELECT * EXCEPT (kafka_partition, kafka_offset) FROM rollouts FINAL "
-            "WHERE rollout_id = {id:String} ORDER BY ts DESC LIMIT 1",
-            id=rollout_id,
-        )
-        return rows[0] if rows else None
-
-    def scores(self, rollout_id: str) -> Rows:
-        """Every score a rollout got, each scorer version its own row."""
-        return self.source.query(
-            "SELECT * EXCEPT (kafka_partition, kafka_offset, rollout_id, group_id, task_id, env, "
-            "sample_index, group_size, schema_version, run_id) "
-            "FROM scored FINAL WHERE rollout_id = {id:String} ORDER BY ts",
-            {"id": rollout_id},
-        )
-
-    def trace(self, rollout_id: str) -> tuple[list[TraceNode], list[TokenRecord]]:
+    def rollout_page(self, rollout_id: str) -> dict[str, Any]:
+        """A rollout's row, every score it got (each scorer version its own row), and its trace
+        nodes and token records, queried at once."""
         where, params = "rollout_id = {id:String}", {"id": rollout_id}
-        return self.source.use(
-            lambda store: (
-                store.read_events(TraceNode, where=where, parameters=params),
-                store.read_events(TokenRecord, where=where, parameters=params),
-            )
+        return self.parallel(
+            {
+                "row": lambda: next(iter(self.rows(ROLLOUT, id=rollout_id)), None),
+                "scores": lambda: self.source.query(SCORES, params),
+                "nodes": lambda: self.source.use(
+                    lambda store: store.read_events(TraceNode, where=where, parameters=params)
+                ),
+                "records": lambda: self.source.use(
+                    lambda store: store.read_events(TokenRecord, where=where, parameters=params)
+                ),
+            }
         )
 
     # -- compare ---------------------------------------------------------------------
 
-    def shared_tasks(self, a: str, b: str, limit: int = 200) -> list[str]:
-        return [r["task_id"] for r in self.rows(SHARED_TASKS, a=a, b=b, limit=limit)]
-
-    def task_rollouts(self, run: str, task: str) -> list[dict[str, Any]]:
-        return self.rows(TASK_ROLLOUTS, run=run, task=task)
+    def compare(self, a: str, b: str, task: str) -> dict[str, Any]:
+        """Both runs' reward curves, their shared tasks, and each run's rollouts of `task` (the
+        first shared one when empty)."""
+        data = self.parallel(
+            {
+                "a": lambda: self.rows(REWARD_CURVE, run=a),
+                "b": lambda: self.rows(REWARD_CURVE, run=b),
+                "tasks": lambda: [r["task_id"] for r in self.rows(SHARED_TASKS, a=a, b=b)],
+            }
+        )
+        data["task"] = task or next(iter(data["tasks"]), "")
+        sides = {}
+        if data["task"]:
+            sides = self.parallel(
+                {
+                    run: (lambda r=run: self.rows(TASK_ROLLOUTS, run=r, task=data["task"]))
+                    for run in (a, b)
+                }
+            )
+        data["sides"] = sides
+        return data
 
     # -- console ---------------------------------------------------------------------
 

@@ -9,33 +9,23 @@ ALTER TABLE `tokens` ADD COLUMN IF NOT EXISTS `duration_s` Float64;
 
 -- Sample age per train step, as the trainer counted it: versions behind the weights it trained
 -- -> samples (kept and dropped alike), and the samples dropped as too stale by the
--- orchestrator or the trainer. A step stored twice under different ids counts once (latest).
+-- orchestrator or the trainer.
 CREATE OR REPLACE VIEW `staleness` AS
 SELECT
     `run_id`,
     `step`,
-    arraySum(mapValues(`histogram`)) AS `samples`,
-    `histogram`,
+    arraySum(mapValues(`staleness`)) AS `samples`,
+    mapSort(mapFromArrays(arrayMap(k -> toInt64(k), mapKeys(`staleness`)), mapValues(`staleness`)))
+        AS `histogram`,
     if(
         `samples` = 0,
         NULL,
-        arraySum(arrayMap((k, v) -> k * v, mapKeys(`histogram`), mapValues(`histogram`))) / `samples`
+        arraySum(arrayMap((k, v) -> toInt64(k) * v, mapKeys(`staleness`), mapValues(`staleness`)))
+            / `samples`
     ) AS `mean_versions_behind`,
-    arrayMax(mapKeys(`histogram`)) AS `max_versions_behind`,
+    arrayMax(arrayMap(k -> toInt64(k), mapKeys(`staleness`))) AS `max_versions_behind`,
     `dropped_stale`
-FROM
-(
-    SELECT
-        `run_id`,
-        `step`,
-        mapSort(argMax(
-            mapFromArrays(arrayMap(k -> toInt64(k), mapKeys(`staleness`)), mapValues(`staleness`)),
-            `ts`
-        )) AS `histogram`,
-        argMax(`dropped_stale`, `ts`) AS `dropped_stale`
-    FROM `train_steps` FINAL
-    GROUP BY `run_id`, `step`
-);
+FROM `train_steps` FINAL;
 
 -- Tokens per second by role and policy version. inference: completion tokens of the calls a
 -- version served, over the wall time from the first of those calls' start to the last one's end
@@ -60,15 +50,10 @@ SELECT
     'trainer' AS `role`,
     `step` AS `policy_version`,
     toInt64(1) AS `events`,
-    `step_tokens` AS `tokens`,
-    if(`rate` > 0, `step_tokens` / `rate`, 0) AS `seconds`,
-    if(`rate` > 0, `rate`, NULL) AS `tokens_per_s`
-FROM
-(
-    SELECT `run_id`, `step`, argMax(`num_tokens`, `ts`) AS `step_tokens`, argMax(`tokens_per_s`, `ts`) AS `rate`
-    FROM `train_steps` FINAL
-    GROUP BY `run_id`, `step`
-);
+    `num_tokens` AS `tokens`,
+    if(`tokens_per_s` > 0, `num_tokens` / `tokens_per_s`, 0) AS `seconds`,
+    if(`tokens_per_s` > 0, `tokens_per_s`, NULL) AS `tokens_per_s`
+FROM `train_steps` FINAL;
 
 -- Unbiased pass@k (Chen et al., 2021) per run and environment, averaged over tasks: a task with
 -- n rollouts of which c passed scores 1 - C(n-c, k) / C(n, k). k runs over 1, 2, 4, 8, ... up
@@ -168,36 +153,43 @@ SELECT
 FROM `rollouts` AS r FINAL
 LEFT JOIN
 (
-    SELECT `rollout_id`, count() AS `calls`, sum(`duration_s`) AS `model_s`, groupArray(`duration_s`) AS `call_s`
+    SELECT
+        `run_id`,
+        `rollout_id`,
+        count() AS `calls`,
+        sum(`duration_s`) AS `model_s`,
+        groupArray(`duration_s`) AS `call_s`
     FROM `tokens` FINAL
-    GROUP BY `rollout_id`
-) AS c ON r.`rollout_id` = c.`rollout_id`
+    GROUP BY `run_id`, `rollout_id`
+) AS c ON r.`run_id` = c.`run_id` AND r.`rollout_id` = c.`rollout_id`  -- a run's filter reaches both sides
 GROUP BY `run_id`, `env`;
 
 -- reward_by_step (0002) with its parts: rollouts of training tasks and of held-out tasks (the
--- orchestrator's evaluations: split 'test'), by the version that sampled them. The columns of
--- 0002 keep their meaning.
+-- orchestrator's evaluations: split 'test' in the rollout's info), by the version that sampled
+-- them. The columns of 0002 keep their meaning.
 CREATE OR REPLACE VIEW `reward_by_step` AS
 SELECT
-    s.`run_id` AS `run_id`,
-    s.`policy_version` AS `step`,
+    `run_id`,
+    `policy_version` AS `step`,
     count() AS `rollouts`,
-    countIf(s.`status` != 'ok') AS `errors`,
-    avgIf(s.`reward`, s.`status` = 'ok') AS `mean_reward`,
-    avgIf(s.`reward` >= 1, s.`status` = 'ok') AS `pass_rate`,
-    avgIf(s.`completion_tokens`, s.`status` = 'ok') AS `mean_completion_tokens`,
-    stddevPopIf(s.`reward`, s.`status` = 'ok') AS `reward_stddev`,
-    countIf(r.`split` != 'test') AS `train_rollouts`,
-    avgIf(s.`reward`, s.`status` = 'ok' AND r.`split` != 'test') AS `train_mean_reward`,
-    countIf(r.`split` = 'test') AS `held_out_rollouts`,
-    avgIf(s.`reward`, s.`status` = 'ok' AND r.`split` = 'test') AS `held_out_mean_reward`,
-    avgIf(s.`reward` >= 1, s.`status` = 'ok' AND r.`split` = 'test') AS `held_out_pass_rate`,
-    min(s.`ts`) AS `first_ts`,
-    max(s.`ts`) AS `last_ts`
-FROM `scored` AS s FINAL
-LEFT JOIN
+    countIf(`status` != 'ok') AS `errors`,
+    avgIf(`reward`, `status` = 'ok') AS `mean_reward`,
+    avgIf(`reward` >= 1, `status` = 'ok') AS `pass_rate`,
+    avgIf(`completion_tokens`, `status` = 'ok') AS `mean_completion_tokens`,
+    stddevPopIf(`reward`, `status` = 'ok') AS `reward_stddev`,
+    countIf(NOT `held_out`) AS `train_rollouts`,
+    avgIf(`reward`, `status` = 'ok' AND NOT `held_out`) AS `train_mean_reward`,
+    countIf(`held_out`) AS `held_out_rollouts`,
+    avgIf(`reward`, `status` = 'ok' AND `held_out`) AS `held_out_mean_reward`,
+    avgIf(`reward` >= 1, `status` = 'ok' AND `held_out`) AS `held_out_pass_rate`,
+    min(`ts`) AS `first_ts`,
+    max(`ts`) AS `last_ts`
+FROM
 (
-    SELECT `rollout_id`, JSONExtractString(`info`, 'split') AS `split`
-    FROM `rollouts` FINAL
-) AS r ON s.`rollout_id` = r.`rollout_id`
+    -- A membership test needs no FINAL, so the held-out set is read without merging.
+    SELECT *, `rollout_id` IN (
+        SELECT `rollout_id` FROM `rollouts` WHERE JSONExtractString(`info`, 'split') = 'test'
+    ) AS `held_out`
+    FROM `scored` FINAL
+)
 GROUP BY `run_id`, `step`;
