@@ -22,6 +22,12 @@ class StoreSource:
         self._store: Store | None = None
         self._lock = threading.Lock()
 
+    @property
+    def via(self) -> str | None:
+        """The endpoint reads go through now, if any (None also before the first read)."""
+        store = self._store
+        return store.via if store is not None else None
+
     def store(self) -> Store:
         with self._lock:
             if self._store is None:
