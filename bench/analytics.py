@@ -415,12 +415,14 @@ VIEWS: dict[str, tuple[str, str]] = {
         "WHERE run_id = {run:String} GROUP BY consumer_group) WHERE n > 0 ORDER BY 1, 2",
     ),
     "latency": (
-        "SELECT rollouts, rollout_p90_s, call_p90_s FROM latency WHERE run_id = {run:String}",
-        "SELECT (SELECT count() FROM rollouts FINAL WHERE run_id = {run:String}), "
-        "(SELECT quantileExactInclusive(0.9)(duration_s) FROM rollouts FINAL "
-        "WHERE run_id = {run:String}), "
-        "(SELECT quantileExactInclusive(0.9)(duration_s) FROM tokens FINAL "
-        "WHERE run_id = {run:String})",
+        "SELECT env, rollouts, rollout_p90_s, call_p90_s FROM latency WHERE run_id = {run:String}",
+        "SELECT a.env, a.n, a.p90, b.c90 FROM (SELECT env, count() AS n, "
+        "quantileExactInclusive(0.9)(duration_s) AS p90 FROM rollouts FINAL "
+        "WHERE run_id = {run:String} GROUP BY env) AS a LEFT JOIN "
+        "(SELECT r.env AS env, quantileExactInclusive(0.9)(t.duration_s) AS c90 "
+        "FROM tokens AS t FINAL INNER JOIN (SELECT rollout_id, env FROM rollouts FINAL "
+        "WHERE run_id = {run:String}) AS r ON t.rollout_id = r.rollout_id "
+        "WHERE t.run_id = {run:String} GROUP BY env) AS b ON a.env = b.env",
     ),
 }
 """view: (as the ui reads it, a plain query for the same figures)."""

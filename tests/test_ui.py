@@ -13,6 +13,7 @@ import re
 import struct
 import subprocess
 import sys
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -552,3 +553,15 @@ def test_the_ui_reads_on_after_the_process_holding_the_store_stops(
             ui.terminate()
             ui.wait(15)
         sink.stop()
+
+
+def test_a_kept_alive_connection_does_not_wait_for_delayed_acks(world: World) -> None:
+    """Browsers keep connections alive: a response must not stall ~40 ms between its headers
+    and its body (Nagle's algorithm against the client's delayed ACK)."""
+    with httpx.Client(base_url=world.url) as client:
+        client.get("/static/ui.css")
+        started = time.perf_counter()
+        for _ in range(10):
+            assert client.get("/static/ui.css").status_code == 200
+        elapsed = time.perf_counter() - started
+    assert elapsed < 0.3, f"10 kept-alive requests took {elapsed:.2f}s"

@@ -17,12 +17,8 @@ SELECT
     arraySum(mapValues(`staleness`)) AS `samples`,
     mapSort(mapFromArrays(arrayMap(k -> toInt64(k), mapKeys(`staleness`)), mapValues(`staleness`)))
         AS `histogram`,
-    if(
-        `samples` = 0,
-        NULL,
-        arraySum(arrayMap((k, v) -> toInt64(k) * v, mapKeys(`staleness`), mapValues(`staleness`)))
-            / `samples`
-    ) AS `mean_versions_behind`,
+    arraySum(arrayMap((k, v) -> toInt64(k) * v, mapKeys(`staleness`), mapValues(`staleness`)))
+        / `samples` AS `mean_versions_behind`,  -- nan for a step that saw no samples
     arrayMax(arrayMap(k -> toInt64(k), mapKeys(`staleness`))) AS `max_versions_behind`,
     `dropped_stale`
 FROM `train_steps` FINAL;
