@@ -607,7 +607,9 @@ def pages(store: Store) -> list[Page]:
             [
                 (
                     table.format(
-                        extra="AND positionCaseInsensitiveUTF8(completion, {w:String}) > 0"
+                        extra="AND (rollout_id = {w:String} OR task_id = {w:String} "
+                        "OR positionCaseInsensitiveUTF8(completion, {w:String}) > 0 "
+                        "OR positionCaseInsensitiveUTF8(prompt, {w:String}) > 0)"
                     ),
                     {"w": RARE_WORD},
                 ),

@@ -284,16 +284,18 @@ class Queries:
     # -- runs ------------------------------------------------------------------------
 
     def runs(self) -> list[dict[str, Any]]:
+        parts = self.parallel(
+            {sql: (lambda q=sql: self.rows(q)) for sql in (RUNS_ROLLOUTS, RUNS_STEPS, RUNS_REWARD)}
+        )
         runs: dict[str, dict[str, Any]] = {}
-        for part in (RUNS_ROLLOUTS, RUNS_STEPS, RUNS_REWARD):
-            for row in self.rows(part):
+        for rows in parts.values():
+            for row in rows:
                 runs.setdefault(row["run_id"], dict(RUN_DEFAULTS)).update(row)
         now = time.time()
         for run in runs.values():
-            run["mode"] = "train" if run.get("steps") is not None else "eval"
+            run["mode"] = "train" if run["steps"] is not None else "eval"
             latest = max(
-                (t.timestamp() for t in (run.get("last_ts"), run.get("last_step_ts")) if t),
-                default=0.0,
+                (t.timestamp() for t in (run["last_ts"], run["last_step_ts"]) if t), default=0.0
             )
             run["status"] = "live" if now - latest < LIVE_S else "idle"
             run["last_event"] = latest
