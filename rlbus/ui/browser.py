@@ -71,6 +71,9 @@ class Browser:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._reader: asyncio.Task[None] | None = None
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._http: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Browser:
         self._profile = tempfile.TemporaryDirectory(prefix="rlbus-chromium-")
@@ -90,11 +93,11 @@ class Browser:
         )
         try:
             port = await self._devtools_port(profile / "DevToolsActivePort")
-            self._http = aiohttp.ClientSession()
-            async with self._http.get(f"http://127.0.0.1:{port}/json/list") as response:
+            self._http = http = aiohttp.ClientSession()
+            async with http.get(f"http://127.0.0.1:{port}/json/list") as response:
                 targets = await response.json()
             page = next(t for t in targets if t.get("type") == "page")
-            self._ws = await self._http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0)
+            self._ws = await http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0)
             self._reader = asyncio.create_task(self._read())
             await self.send("Page.enable")
             await self.send("Runtime.enable")
@@ -121,11 +124,11 @@ class Browser:
         raise BrowserError(f"chromium did not open its DevTools port in {self.timeout_s:.0f}s")
 
     async def _shutdown(self) -> None:
-        if getattr(self, "_reader", None):
+        if self._reader is not None:
             self._reader.cancel()
-        if getattr(self, "_ws", None):
+        if self._ws is not None:
             await self._ws.close()
-        if getattr(self, "_http", None):
+        if self._http is not None:
             await self._http.close()
         if self._proc.poll() is None:
             self._proc.terminate()
@@ -148,6 +151,8 @@ class Browser:
                 self._events.put_nowait(data)
 
     async def send(self, method: str, **params: Any) -> dict[str, Any]:
+        if self._ws is None:
+            raise BrowserError("the browser is not started: use `async with Browser() as b`")
         call = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[call] = future

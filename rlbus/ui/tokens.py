@@ -96,7 +96,7 @@ def strips(
             return _branch_strips(nodes, records, decode, model)
         except TraceError as exc:
             note = f"the trace does not hold together ({exc}); showing each call's tokens"
-            return [*_call_strips(records, decode, model, note)]
+            return _call_strips(records, decode, model, note)
     return _call_strips(records, decode, model)
 
 
