@@ -14,6 +14,7 @@ from rlbus.commands import (
     run,
     store_cmds,
     tasks,
+    ui,
     workers,
 )
 
@@ -30,5 +31,5 @@ worker_app = typer.Typer(
 )
 app.add_typer(worker_app, name="worker")
 
-for module in (quickstart, eval, run, tasks, store_cmds, model, broker, config_cmd, workers):
+for module in (quickstart, eval, run, tasks, store_cmds, model, broker, config_cmd, workers, ui):
     module.register(app, worker_app)

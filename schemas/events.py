@@ -119,6 +119,9 @@ class TokenRecord(Event, kw_only=True):
     logprobs: LogProbs = b""
     policy_version: int = 0
     finish_reason: str = ""
+    duration_s: float = 0.0
+    """Seconds the model call took (the backend's answer, not the harness around it); `ts` is
+    when it ended. 0 when not measured."""
 
 
 class RolloutScored(RolloutEvent, kw_only=True):

@@ -263,6 +263,32 @@ async def test_parallel_calls_from_one_point_get_their_own_branches(
     assert len(sampled) == 4 and len({n.parent_id for n in sampled[:3]}) == 1
 
 
+async def test_each_call_records_its_own_duration_and_end(
+    server: InterceptionServer, upstream: ScriptedServer
+) -> None:
+    """Model time apart from harness time: a record's duration_s covers the backend call only,
+    and its ts is when that call ended, not when the rollout's events were published."""
+    import asyncio
+    import time
+
+    upstream.model.delay_s = 0.3
+    try:
+        with server.session("r-timing") as session:
+            began = time.time()
+            first = await session.chat([{"role": "user", "content": "hi"}])
+            await asyncio.sleep(0.5)  # the harness's own time: a tool, a user turn
+            await session.chat(
+                [{"role": "user", "content": "hi"}, first.message, {"role": "user", "content": "?"}]
+            )
+            ended = time.time()
+    finally:
+        upstream.model.delay_s = 0.0
+    _, records = session.trace.events("g")
+    assert [r.call_index for r in records] == [0, 1]
+    assert all(0.3 <= r.duration_s < 0.5 for r in records), [r.duration_s for r in records]
+    assert began + 0.3 <= records[0].ts < records[1].ts - 0.8 < ended - 0.8
+
+
 async def test_model_call_spans_carry_gen_ai_attributes(server: InterceptionServer) -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

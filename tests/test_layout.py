@@ -33,7 +33,7 @@ def area(module: str) -> str:
     """The part of the layout a module belongs to."""
     parts = module.split(".")
     second = parts[1] if len(parts) > 1 else ""
-    if second in ("schemas", "config", "clients", "bus", "testing", "console"):
+    if second in ("schemas", "config", "clients", "bus", "testing", "console", "ui"):
         return second
     if second in ("cli", "commands"):
         return "cli"

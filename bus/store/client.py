@@ -99,9 +99,15 @@ class Store:
         if self.read_only:
             raise StoreError(f"cannot {what}: store {self.url} is open read-only")
 
-    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Rows:
+    def query(
+        self,
+        sql: str,
+        parameters: dict[str, Any] | None = None,
+        settings: dict[str, Any] | None = None,
+    ) -> Rows:
+        """`settings` are ClickHouse query settings (limits such as max_result_rows)."""
         self._check_read(sql)
-        result = self._client().query(sql, parameters=parameters)
+        result = self._client().query(sql, parameters=parameters, settings=settings)
         return Rows(tuple(result.column_names), [tuple(row) for row in result.result_rows])
 
     def query_arrow(self, sql: str, parameters: dict[str, Any] | None = None) -> pa.Table:

@@ -32,6 +32,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from rlbus.bus import telemetry
+from rlbus.bus.server_thread import listening_socket
 from rlbus.config.env import EnvConfig, HarnessConfig, SamplingConfig
 from rlbus.producers.interception.anthropic_messages import AnthropicMessages
 from rlbus.producers.interception.backends import make_backend
@@ -149,9 +150,7 @@ class InterceptionServer:
         self.sampling = sampling or SamplingConfig()
         self.max_request_mb = max_request_mb
         self.sessions: dict[str, RolloutSession] = {}
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((host, port))
+        self._socket = listening_socket(host, port)
         self.port: int = self._socket.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         app = Starlette(

@@ -13,6 +13,7 @@ saw.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,9 @@ class Call:
     index: int
     branch: str
     result: CallResult
+    seconds: float
+    """From the plan to the commit: the backend's time alone."""
+    ended_at: float
     node: Node | None = None
 
 
@@ -53,6 +57,7 @@ class Plan:
     branch: str
     prior: Prior | None
     claimed_tip: Node | None
+    started: float = field(default_factory=time.monotonic)
 
 
 class Trace:
@@ -140,7 +145,8 @@ class Trace:
         parent = path[-1] if path else None
         for i, message in enumerate(rest):
             parent = self._add(parent, message, plan.branch, delta if i == len(rest) - 1 else [])
-        call = Call(len(self.calls), plan.branch, result)
+        seconds = time.monotonic() - plan.started
+        call = Call(len(self.calls), plan.branch, result, seconds, time.time())
         call.node = self._add(parent, result.message, plan.branch, list(result.completion_ids))
         call.node.call = call
         self.calls.append(call)
@@ -195,6 +201,8 @@ class Trace:
                 logprobs=pack_logprobs(c.result.logprobs),
                 policy_version=c.result.policy_version,
                 finish_reason=c.result.finish_reason,
+                duration_s=c.seconds,
+                ts=c.ended_at,
             )
             for c in self.calls
         ]

@@ -1,0 +1,6 @@
+"""`rlbus ui`: a local web app over the store's read path (DESIGN.md: Analytics)."""
+
+from rlbus.ui.app import create_app
+from rlbus.ui.server import serve
+
+__all__ = ["create_app", "serve"]
