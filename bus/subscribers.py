@@ -51,6 +51,14 @@ class Delivery:
     key: bytes | None = None
     headers: Sequence[tuple[str, bytes]] = field(default_factory=tuple)
     holds: Holds | None = None
+    record: ConsumerRecord | None = None
+    dead: DeadLetters | None = None
+
+    def reject(self, reason: str) -> None:
+        """Dead-letter this message with `reason` (it is bad, not the handler): it is committed
+        past like a handled one, and published to `dlq` with that commit."""
+        if self.dead is not None and self.record is not None:
+            self.dead.add(self.topic, self.record, reason)
 
     def hold(self) -> None:
         """Keep this message uncommitted after the handler returns, until `release()`."""
@@ -135,7 +143,7 @@ class Subscriber(Generic[H]):
             topic = tp.topic[len(prefix) :]
             for record in records:
                 try:
-                    event = from_record(topic, record, self.bus.claims, tp.topic)
+                    event = from_record(topic, record, self.bus.claims)
                 except Exception as exc:
                     self.dead.add(topic, record, f"decode: {exc}")
                     skipped = True
@@ -145,7 +153,15 @@ class Subscriber(Generic[H]):
                     continue
                 headers = tuple(record.headers or ())
                 delivery = Delivery(
-                    event, topic, record.partition, record.offset, record.key, headers, holds
+                    event,
+                    topic,
+                    record.partition,
+                    record.offset,
+                    record.key,
+                    headers,
+                    holds,
+                    record,
+                    self.dead,
                 )
                 good.append((record, delivery))
         return good, skipped

@@ -51,6 +51,9 @@ class StoreConfig(Section):
     """Address of that read-only endpoint."""
     dedup_window: int = Field(DEFAULT_DEDUP_WINDOW, ge=0)
     """Inserted blocks remembered per table for insert_deduplication_token."""
+    conflict_check_s: float = Field(5.0, gt=0)
+    """The sink looks this often for ids newly stored with a second, different content (the
+    `conflicts` view) and logs each once."""
 
 
 class ClaimCheckConfig(Section):
