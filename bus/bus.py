@@ -97,8 +97,9 @@ class Bus:
         """A decorator making a handler a consumer-group member of `group` on `topics`
         (unprefixed). `batch=True`: the handler takes every delivery of a poll
         (`batch_rows`, `batch_wait_s`); else one delivery, up to `concurrency` at once. Both
-        take `max_records`, `poll_timeout_ms`, `dedup` (drop redelivered event ids) and
-        `on_error` ("dead_letter" or "stop")."""
+        take `max_records`, `poll_timeout_ms`, `dedup` (drop redelivered event ids),
+        `on_error` ("dead_letter" or "stop") and `run` (handle only that run's events; others
+        are counted in the subscriber's `other_runs` and committed past)."""
 
         def make(handler: Any) -> BatchSubscriber | EventSubscriber:
             kind = BatchSubscriber if batch else EventSubscriber

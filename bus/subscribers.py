@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
@@ -92,6 +93,7 @@ class Subscriber(Generic[H]):
         poll_timeout_ms: int = 200,
         dedup: bool = True,
         on_error: OnError = "dead_letter",
+        run: str | None = None,
     ):
         unknown = [t for t in topics if t not in BY_NAME]
         if unknown:
@@ -104,6 +106,10 @@ class Subscriber(Generic[H]):
         self.poll_timeout_ms = poll_timeout_ms
         self.seen = SeenIds() if dedup else None
         self.on_error = on_error
+        self.serves = run
+        """The run whose events this subscriber handles (None: every run's)."""
+        self.other_runs: Counter[str] = Counter()
+        """Events of other runs than `serves`, skipped (committed past, never handled), by run."""
         prefix = bus.kafka.topic_prefix
         self.dead = DeadLetters(group, prefix)
 
@@ -151,6 +157,10 @@ class Subscriber(Generic[H]):
                 if self.seen is not None and not self.seen.add(event.event_id):
                     skipped = True
                     continue
+                if self.serves is not None and event.run_id != self.serves:
+                    self._other_run(event)
+                    skipped = True
+                    continue
                 headers = tuple(record.headers or ())
                 delivery = Delivery(
                     event,
@@ -165,6 +175,16 @@ class Subscriber(Generic[H]):
                 )
                 good.append((record, delivery))
         return good, skipped
+
+    def _other_run(self, event: Event) -> None:
+        if not self.other_runs[event.run_id]:
+            log.info(
+                "group %s serves run %r: skipping events of run %r (counted, not handled)",
+                self.group,
+                self.serves,
+                event.run_id,
+            )
+        self.other_runs[event.run_id] += 1
 
     async def _commit(self, offsets: Offsets) -> None:
         """Publish the dead letters (their messages are among those committed), then commit."""

@@ -5,6 +5,7 @@ a group at a time (so a judge gets the group in one piece)."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from typing import Any
 
 from rlbus.bus import Bus, Delivery
@@ -12,12 +13,13 @@ from rlbus.config import Settings
 from rlbus.producers.environment.loader import Environment
 from rlbus.producers.interception import InterceptionServer, make_backend
 from rlbus.producers.rollouts import RolloutRunner
-from rlbus.schemas import TaskPublished
+from rlbus.schemas import TaskPublished, group_of
 
 
-def group_name(env: Environment) -> str:
-    """One consumer group per environment: tasks of other environments are skipped, not taken."""
-    return f"env.{env.id}"
+def group_name(env: Environment, run_id: str) -> str:
+    """One consumer group per run and environment: tasks of other environments are skipped,
+    not taken."""
+    return group_of("env", run_id, env.id)
 
 
 class EnvProducer:
@@ -26,6 +28,8 @@ class EnvProducer:
         self.bus = bus
         self.runner = runner
         self.rollouts = 0
+        self.skipped: Counter[str] = Counter()
+        """Tasks of other runs seen and left alone, by run."""
 
     async def handle(self, delivery: Delivery) -> None:
         task = delivery.event
@@ -46,6 +50,12 @@ async def run_env_producer(
         producer = EnvProducer(env, bus, RolloutRunner(env, server))
         # Tasks in flight: enough to keep max_concurrent_rollouts busy at the configured group size.
         concurrency = max(1, env.config.max_concurrent_rollouts // env.config.group_size)
-        consume = bus.subscriber("tasks", group=group_name(env), concurrency=concurrency)
-        await consume(producer.handle).run(stop)
+        consume = bus.subscriber(
+            "tasks",
+            group=group_name(env, settings.run_id),
+            concurrency=concurrency,
+            run=settings.run_id,
+        )(producer.handle)
+        producer.skipped = consume.other_runs
+        await consume.run(stop)
     return producer

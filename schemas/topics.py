@@ -50,6 +50,12 @@ BY_NAME: dict[str, Topic] = {t.name: t for t in TOPICS}
 BY_KIND: dict[type[Event], Topic] = {kind: t for t in TOPICS for kind in t.kinds}
 
 
+def group_of(role: str, run_id: str, *parts: str) -> str:
+    """A role's consumer group: one per run (a role serves the run it was started for; in a
+    group shared by two runs each member would skip, and commit past, the other's events)."""
+    return ".".join((role, run_id, *parts))
+
+
 def topic_of(event: Event | type[Event]) -> Topic:
     kind = event if isinstance(event, type) else type(event)
     return BY_KIND[kind]

@@ -22,7 +22,7 @@ from rlbus.config import Settings
 from rlbus.consumers.heartbeat import keep_announcing
 from rlbus.consumers.inference.api import BackendKind, InferenceBackend
 from rlbus.consumers.inference.weights import WeightFollower, newest
-from rlbus.schemas import WeightLoaded
+from rlbus.schemas import WeightLoaded, group_of
 
 
 def default_worker_id(port: int) -> str:
@@ -50,8 +50,9 @@ async def follow_weights(
     every_s = bus.kafka.announce_every_s
     announcing = asyncio.create_task(keep_announcing(bus, lambda: served, every_s, stop))
     try:
-        group = f"inference-{follower.worker_id}"
-        await bus.subscriber("weights", group=group, batch=True)(on_batch).run(stop)
+        group = group_of("inference", run_id, follower.worker_id)
+        consume = bus.subscriber("weights", group=group, batch=True, run=run_id)
+        await consume(on_batch).run(stop)
     finally:
         announcing.cancel()
 

@@ -16,14 +16,14 @@ from rlbus.bus import Bus, Delivery
 from rlbus.config import Settings
 from rlbus.producers.environment.loader import Environment
 from rlbus.producers.environment.scoring import Scorer
-from rlbus.schemas import RolloutCompleted
+from rlbus.schemas import RolloutCompleted, group_of
 
 log = logging.getLogger(__name__)
 
 
-def group_name(envs: list[Environment]) -> str:
-    """One consumer group per set of environments: each such judge sees every rollout."""
-    return "judge." + "+".join(sorted(env.id for env in envs))
+def group_name(envs: list[Environment], run_id: str) -> str:
+    """One consumer group per run and set of environments: each such judge sees every rollout."""
+    return group_of("judge", run_id, "+".join(sorted(env.id for env in envs)))
 
 
 class Judge:
@@ -69,6 +69,7 @@ class Judge:
 async def run_judge(settings: Settings, envs: list[Environment], stop: asyncio.Event) -> Judge:
     async with Bus.of(settings) as bus:
         judge = Judge(envs, bus)
-        consume = bus.subscriber("rollouts", group=group_name(envs), batch=True)(judge.handle)
-        await consume.run(stop)
+        group = group_name(envs, settings.run_id)
+        consume = bus.subscriber("rollouts", group=group, batch=True, run=settings.run_id)
+        await consume(judge.handle).run(stop)
     return judge

@@ -55,8 +55,6 @@ class Joiner:
         """group id -> rollout ids scored so far."""
 
     def add(self, event: Event) -> None:
-        if event.run_id != self.run_id:
-            return
         if isinstance(event, TraceNode):
             self._parts(event.rollout_id).nodes[event.node_id] = event
         elif isinstance(event, TokenRecord):

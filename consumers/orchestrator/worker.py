@@ -28,6 +28,7 @@ from rlbus.schemas import (
     WeightVersion,
     derived_id,
     group_id_of,
+    group_of,
 )
 from rlbus.schemas.packed import logprobs, mask, tokens
 from rlbus.schemas.staleness import filter_stale
@@ -126,8 +127,6 @@ class Orchestrator:
     async def handle(self, deliveries: list[Delivery]) -> None:
         for d in deliveries:
             event = d.event
-            if event.run_id != self.run_id:
-                continue
             if isinstance(event, WeightVersion):
                 self._on_version(event.version)
             elif isinstance(event, WeightLoaded):
@@ -296,7 +295,9 @@ async def run_orchestrator(
 
     watcher = asyncio.create_task(watch())
     try:
-        consume = bus.subscriber(*TOPICS, group=GROUP, batch=True)(orchestrator.handle)
+        group = group_of(GROUP, orchestrator.run_id)
+        consume = bus.subscriber(*TOPICS, group=group, batch=True, run=orchestrator.run_id)
+        consume = consume(orchestrator.handle)
         await consume.run(consumer_stop)
     finally:
         watcher.cancel()

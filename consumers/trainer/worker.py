@@ -18,7 +18,7 @@ from rlbus.bus import Bus, Delivery
 from rlbus.consumers.heartbeat import keep_announcing
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, TrainerState
 from rlbus.consumers.trainer.engine import StepResult
-from rlbus.schemas import TrainBatch, TrainSample, TrainStep, WeightVersion, derived_id
+from rlbus.schemas import TrainBatch, TrainSample, TrainStep, WeightVersion, derived_id, group_of
 from rlbus.schemas.staleness import filter_stale
 
 log = logging.getLogger(__name__)
@@ -97,11 +97,7 @@ class TrainerWorker:
             batch = delivery.event
             # Batches past max_steps are left alone; everything else polled is trained, even
             # after a stop request, because its offset is committed when this returns.
-            if (
-                not isinstance(batch, TrainBatch)
-                or batch.run_id != self.run_id
-                or self.state.step >= self.max_steps
-            ):
+            if not isinstance(batch, TrainBatch) or self.state.step >= self.max_steps:
                 continue
             if batch.batch_id in self.trained:
                 log.info(
@@ -187,7 +183,9 @@ async def run_trainer(bus: Bus, worker: TrainerWorker) -> TrainerWorker:
         keep_announcing(bus, lambda: worker.announced, every_s, worker.stop)
     )
     try:
-        await bus.subscriber("batches", group=GROUP, batch=True)(worker.handle).run(worker.stop)
+        group = group_of(GROUP, worker.run_id)
+        consume = bus.subscriber("batches", group=group, batch=True, run=worker.run_id)
+        await consume(worker.handle).run(worker.stop)
     finally:
         announcing.cancel()
     return worker
