@@ -193,10 +193,11 @@ class Orchestrator:
                 )
         elif self.step < self.max_steps:
             if self.collecting:
-                if (
-                    not self.inflight
-                ):  # every group of the step is back (some may have been dropped)
-                    await self._publish_batch(len(self.ready))
+                # Every group of the step is back (some may have been dropped). With nothing to
+                # train on, the step gets another round of tasks instead of an empty batch.
+                if not self.inflight and not await self._publish_batch(len(self.ready)):
+                    await self._publish_tasks(self.cfg.tasks_per_step)
+                elif not self.inflight:
                     self.collecting = False
                     self.awaiting_version = self.step
             elif self.served >= self.awaiting_version:
@@ -234,13 +235,17 @@ class Orchestrator:
             self.inflight.update(group_id_of(t) for t in tasks)
             await self.bus.publish_many(tasks)
 
-    async def _publish_batch(self, groups: int) -> None:
+    async def _publish_batch(self, groups: int) -> bool:
+        """Batch the `groups` ready groups sampled longest ago; False when none of their samples
+        is fresh enough (they are dropped, counted, and nothing is published)."""
         assert self.step is not None
         taken, self.ready = take_oldest(self.ready, groups)
         fresh = filter_stale(
             [s for g in taken for s in g.samples], self.step, self.cfg.max_off_policy_steps
         )
         self.counts.dropped_stale += fresh.dropped
+        if not fresh.kept:
+            return False  # never an empty batch: the trainer would step on nothing
         self.counts.samples += len(fresh.kept)
         self.step += 1
         versions = [s.policy_version for s in fresh.kept] or [self.step - 1]
@@ -277,6 +282,7 @@ class Orchestrator:
             fresh.histogram,
             self.counts,
         )
+        return True
 
 
 async def run_orchestrator(

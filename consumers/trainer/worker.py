@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -63,6 +64,8 @@ class TrainerWorker:
         self.max_steps = max_steps
         self.stop = stop
         self.trained = set(state.batch_ids)
+        self.skipped: Counter[str] = Counter()
+        """Steps that left the weights as they were, by reason (StepResult.skipped)."""
         self.last: StepResult | None = None
         self.announced: WeightVersion | None = None
         """The newest version published, re-published while the trainer runs (keep_announcing)."""
@@ -130,6 +133,14 @@ class TrainerWorker:
         await self._announce(
             self._step_event(batch, result, batch.dropped_stale + fresh.dropped, fresh.histogram)
         )
+        if result.skipped:
+            self.skipped[result.skipped] += 1
+            log.warning(
+                "step %d: weights left as they were (%s); %s so far",
+                self.state.step,
+                result.skipped,
+                dict(self.skipped),
+            )
         log.info(
             "step %d: loss %.4f grad norm %.3f kl %.2e (%d samples, %.2fs)",
             self.state.step,
@@ -161,6 +172,7 @@ class TrainerWorker:
             staleness=histogram,
             metrics={
                 **r.metrics,
+                **({f"skipped: {r.skipped}": 1.0} if r.skipped else {}),
                 "loss_tokens": float(r.num_tokens),
                 "step_s": r.seconds,
                 "batch_step": float(batch.step),

@@ -5,6 +5,7 @@ scoring errored, with the rule's name and the reason; the others are scored as u
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,15 @@ def rollout_arguments(rollout: RolloutCompleted) -> dict[str, Any]:
     }
 
 
+def finite(rule: Rule, value: Any) -> float:
+    """A rule's value as a float; NaN and infinities are errors, never data (one NaN reward
+    in a group poisons every advantage of it, and from there every weight)."""
+    number = float(value)
+    if not math.isfinite(number):
+        raise RuleFailed(f"{rule.kind} {rule.name!r} returned {number} (not finite)")
+    return number
+
+
 @dataclass
 class _Card:
     """One rollout's scores while they are being computed."""
@@ -93,7 +103,7 @@ class Scorer:
     async def _score_one(self, card: _Card) -> None:
         for rule in (*self.rules.rewards, *self.rules.metrics):
             try:
-                value = float(await self._apply(rule, card.args))
+                value = finite(rule, await self._apply(rule, card.args))
             except (RuleFailed, TypeError, ValueError) as exc:
                 card.error = card.error or str(exc)
                 continue
@@ -117,7 +127,7 @@ class Scorer:
         }
         for rule in self.rules.group_rewards:
             try:
-                values = [float(v) for v in await self._apply(rule, group_args)]
+                values = [finite(rule, v) for v in await self._apply(rule, group_args)]
                 if len(values) != len(ok):
                     raise RuleFailed(
                         f"group_reward {rule.name!r} returned {len(values)} scores for a group of "
