@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from rlbus.bus import Bus, Delivery
+from rlbus.bus.replay import read_back
 from rlbus.config.orchestrator import OrchestratorConfig
 from rlbus.consumers.orchestrator.algorithms import Algorithm
 from rlbus.consumers.orchestrator.join import Group, Joiner
@@ -48,12 +50,15 @@ class Counts:
     dropped_too_long: int = 0
     errored_rollouts: int = 0
     untrainable: int = 0
+    incomplete: int = 0
+    """Rollouts whose pieces did not all arrive within orchestrator.incomplete_after_s."""
 
 
 @dataclass
 class ReadyGroup:
     samples: list[TrainSample]
     rewards: list[float]
+    rollout_ids: list[str]
 
     @property
     def oldest_version(self) -> int:
@@ -121,6 +126,27 @@ class Orchestrator:
         self.counted = Counts()
         """`counts` when the last batch went out: each batch reports what happened since."""
         self.done = asyncio.Event()
+        self.held: dict[str, list[Delivery]] = {}
+        """Deliveries of rollouts not yet batched, evaluated or dropped, by rollout id: held
+        uncommitted, so a restart finds them again."""
+        self.batched: set[str] = set()
+        """Rollouts in batches published so far (by this process or, read back, its
+        predecessors): never batched again."""
+        self.published_step = 0
+        """The newest step of those batches."""
+
+    def resume(self, batches: list[TrainBatch]) -> None:
+        """Learn what earlier orchestrators of the run published (bus.replay.read_back)."""
+        for batch in batches:
+            self.batched.update(s.rollout_id for s in batch.samples)
+            self.published_step = max(self.published_step, batch.step)
+        if batches:
+            log.info(
+                "%d batches of run %s were published before, up to step %d",
+                len(batches),
+                self.run_id,
+                self.published_step,
+            )
 
     # -- events ----------------------------------------------------------------------
 
@@ -131,20 +157,54 @@ class Orchestrator:
                 self._on_version(event.version)
             elif isinstance(event, WeightLoaded):
                 self.served = max(self.served, event.version)
-            else:
+            elif getattr(event, "rollout_id", "") not in self.batched:
+                d.hold()
+                self.held.setdefault(event.rollout_id, []).append(d)  # type: ignore[attr-defined]
                 self.joiner.add(event)
         for group in self.joiner.ready():
             await self._on_group(group)
+        expired = self.joiner.expired(self.cfg.incomplete_after_s)
+        if expired:
+            self.counts.incomplete += len(expired)
+            log.warning(
+                "%d rollouts still incomplete after %gs (pieces never arrived); dropped",
+                len(expired),
+                self.cfg.incomplete_after_s,
+            )
+            self._release(expired)
         await self.advance()
+
+    def _release(self, rollout_ids: Iterable[str]) -> None:
+        """Done with these rollouts (batched, evaluated or dropped): commit past them."""
+        for rollout_id in rollout_ids:
+            for delivery in self.held.pop(rollout_id, ()):
+                delivery.release()
 
     def _on_version(self, version: int) -> None:
         self.trained = max(self.trained, version)
         if self.step is None:  # the trainer's announcement on start, fresh or resumed
-            self.step = self.next_eval = self.start_version = self.awaiting_version = version
-            self.tasks.skip(version * self.cfg.tasks_per_step)
-            log.info("trainer is at version %d; next batch is step %d", version, version + 1)
+            # A predecessor may have published batches the trainer has not trained yet.
+            step = max(version, self.published_step)
+            self.step = self.next_eval = self.start_version = self.awaiting_version = step
+            self.tasks.skip(step * self.cfg.tasks_per_step)
+            log.info("trainer is at version %d; next batch is step %d", version, step + 1)
 
     async def _on_group(self, group: Group) -> None:
+        rollout_ids = [m.rollout.rollout_id for m in group.members]
+        try:
+            kept = await self._trainable(group)
+        except BaseException:
+            self._release(rollout_ids)
+            raise
+        if kept:
+            rewards = [m.scored.reward for m in group.members]
+            self.ready.append(ReadyGroup(kept, rewards, rollout_ids))
+        else:
+            self._release(rollout_ids)
+
+    async def _trainable(self, group: Group) -> list[TrainSample]:
+        """The group's samples to train on; none for a held-out group (its rewards go to its
+        evaluation) or one dropped (counted)."""
         first = group.members[0].rollout
         self.counts.errored_rollouts += sum(m.scored.status != "ok" for m in group.members)
         self.counts.untrainable += group.untrainable
@@ -161,7 +221,7 @@ class Orchestrator:
                         evaluation.pass_rate,
                         len(evaluation.rewards),
                     )
-            return
+            return []
         self.inflight.discard(group.group_id)
         samples = await self.algorithms[group.env].samples(group.members)
         kept = [s for s in samples if len(tokens(s.input_ids)) <= self.cfg.seq_len]
@@ -171,8 +231,7 @@ class Orchestrator:
             self.counts.dropped_zero_signal += 1
             kept = []
         self.pacer.observe(bool(kept))
-        if kept:
-            self.ready.append(ReadyGroup(kept, [m.scored.reward for m in group.members]))
+        return kept
 
     # -- pacing (pacing.Pacer) and batching ---------------------------------------------------
 
@@ -244,7 +303,9 @@ class Orchestrator:
             [s for g in taken for s in g.samples], self.step, self.cfg.max_off_policy_steps
         )
         self.counts.dropped_stale += fresh.dropped
+        taken_ids = [r for g in taken for r in g.rollout_ids]
         if not fresh.kept:
+            self._release(taken_ids)
             return False  # never an empty batch: the trainer would step on nothing
         self.counts.samples += len(fresh.kept)
         self.step += 1
@@ -274,6 +335,9 @@ class Orchestrator:
                 },
             )
         )
+        # Acknowledged by the broker: the batch is the record now, its inputs may be committed.
+        self.batched.update(taken_ids)
+        self._release(taken_ids)
         log.info(
             "batch %d: %d samples from %d groups (staleness %s; dropped so far: %s)",
             self.step,
@@ -301,6 +365,7 @@ async def run_orchestrator(
 
     watcher = asyncio.create_task(watch())
     try:
+        orchestrator.resume(await read_back(bus, "batches", orchestrator.run_id))  # type: ignore[arg-type]
         group = group_of(GROUP, orchestrator.run_id)
         consume = bus.subscriber(*TOPICS, group=group, batch=True, run=orchestrator.run_id)
         consume = consume(orchestrator.handle)
