@@ -34,7 +34,7 @@ async def read_back(bus: Bus, topic: str, run_id: str, idle_ms: int = 500) -> li
                 for record in records:
                     try:
                         event = from_record(topic, record, bus.claims)
-                    except Exception:  # noqa: BLE001 - not ours to judge here
+                    except Exception:
                         continue
                     if event.run_id == run_id:
                         events.append(event)

@@ -185,7 +185,10 @@ class Orchestrator:
         if self.step is None:  # the trainer's announcement on start, fresh or resumed
             # A predecessor may have published batches the trainer has not trained yet.
             step = max(version, self.published_step)
-            self.step = self.next_eval = self.start_version = self.awaiting_version = step
+            self.step = self.start_version = self.awaiting_version = step
+            # A restart evaluates on the eval_every grid only: the versions before it were
+            # evaluated by its predecessor (the final one is always evaluated).
+            self.next_eval = step if step == 0 else self._eval_after(step)
             self.tasks.skip(step * self.cfg.tasks_per_step)
             log.info("trainer is at version %d; next batch is step %d", version, step + 1)
 
@@ -230,7 +233,15 @@ class Orchestrator:
         if self.cfg.drop_zero_signal and not has_signal(kept):
             self.counts.dropped_zero_signal += 1
             kept = []
-        self.pacer.observe(bool(kept))
+        errored = all(m.scored.status != "ok" for m in group.members)
+        was_failing = self.pacer.failing
+        self.pacer.observe(bool(kept), errored)
+        if self.pacer.failing and not was_failing:
+            log.warning(
+                "most recent groups errored whole (%s); backing off to %d tasks in flight",
+                group.members[0].scored.error[:200],
+                self.pacer.max_inflight(),
+            )
         return kept
 
     # -- pacing (pacing.Pacer) and batching ---------------------------------------------------
@@ -273,17 +284,18 @@ class Orchestrator:
     def _final_evaluated(self) -> bool:
         return not self.cfg.eval_every or self.max_steps in self.evaluations
 
+    def _eval_after(self, version: int) -> int:
+        """The next version on the eval_every grid after `version`, the final one at most."""
+        every = self.cfg.eval_every or self.max_steps
+        return min(self.max_steps, (version // every + 1) * every)
+
     async def _maybe_evaluate(self) -> None:
         if not self.cfg.eval_every or self.next_eval is None or self.served < self.next_eval:
             return
         version = self.served
         if version in self.evaluations:
             return
-        if version < self.max_steps:
-            self.next_eval = (version // self.cfg.eval_every + 1) * self.cfg.eval_every
-            self.next_eval = min(self.next_eval, self.max_steps)
-        else:
-            self.next_eval = None
+        self.next_eval = self._eval_after(version) if version < self.max_steps else None
         tasks = self.tasks.eval_set(version, self.cfg.eval_tasks, self.cfg.eval_group_size)
         self.evaluations[version] = HeldOutEval(version, {group_id_of(t) for t in tasks})
         await self.bus.publish_many(tasks)

@@ -42,13 +42,13 @@ def storable(deliveries: list[Delivery]) -> tuple[pa.Table, list[Delivery]]:
     cannot be converted to its columns is rejected (dead-lettered) with the reason, alone."""
     try:
         return _block(deliveries), deliveries
-    except Exception:  # noqa: BLE001 - find which event it was, one at a time
+    except Exception:
         pass
     good = []
     for d in deliveries:
         try:
             _block([d])
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             d.reject(f"sink: cannot store {type(d.event).__name__} {d.event.event_id}: {exc}")
         else:
             good.append(d)

@@ -42,7 +42,7 @@ class Dashboard:
         try:
             with open_store(self.url, read_only=True) as store:
                 self.figures = figures(store, self.run_id)
-        except Exception as exc:  # noqa: BLE001 - the store may not serve yet: keep the last figures
+        except Exception as exc:
             self.figures.setdefault("store", f"waiting ({type(exc).__name__})")
         elapsed = time.monotonic() - self.started
         table = Table(title=f"rlbus run {self.run_id} · {elapsed:,.0f}s", show_header=False)

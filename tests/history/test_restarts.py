@@ -145,3 +145,52 @@ async def test_groups_joined_before_a_restart_are_batched_after_it_and_never_twi
     in2 = {s.rollout_id for s in batch2.samples}
     assert len(in1) == len(in2) == 4 * SIZE and not in1 & in2  # eight groups, each trained once
     assert restarted.step == 2
+
+
+async def test_a_restarted_inference_worker_serves_the_runs_weights_before_anything_else(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The run is at version 3 when an inference worker (re)starts: until it has loaded version
+    3 it answers 503, health included, and the first completion it serves is version 3's. On
+    main it served its starting weights, labelled version 0, at once."""
+    import httpx
+    from safetensors.torch import save_file
+
+    from rlbus.bus import free_port
+    from rlbus.consumers.inference.model_init import init_model
+    from rlbus.consumers.inference.service import build_app, build_backend
+    from rlbus.consumers.inference.worker import run_worker
+
+    model = tmp_path / "tiny"
+    init_model(model, seed=0)
+    backend = build_backend(model)
+    weights = tmp_path / "v3.safetensors"
+    save_file({n: p.detach() * 1.5 for n, p in backend.model.named_parameters()}, str(weights))
+    async with Bus.of(settings) as bus:
+        await bus.publish(WeightVersion(version=3, step=3, uri=str(weights)))
+    port = free_port()
+    stop = asyncio.Event()
+    worker = asyncio.create_task(
+        run_worker(settings, backend, build_app(backend, model), "127.0.0.1", port, stop)
+    )
+    seen: list[tuple[int, int | None]] = []
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            for _ in range(600):
+                try:
+                    health = await http.get("/health")
+                except httpx.TransportError:
+                    await asyncio.sleep(0.05)
+                    continue
+                seen.append((health.status_code, health.json().get("policy_version")))
+                if health.status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            body = {"prompt_ids": [1, 2, 3], "sampling": {"max_tokens": 2}}
+            generated = (await http.post("/v1/generate", json=body)).json()
+    finally:
+        stop.set()
+        await worker
+    assert seen[-1] == (200, 3), seen
+    assert all(code == 503 for code, _ in seen[:-1])
+    assert generated["policy_version"] == 3
