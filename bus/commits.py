@@ -4,6 +4,7 @@ whose handling was not finished, and nothing before it (at least once, never a g
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter, defaultdict
 
@@ -14,6 +15,10 @@ from aiokafka.structs import OffsetAndMetadata
 log = logging.getLogger(__name__)
 
 Polled = dict[TopicPartition, list[ConsumerRecord]]
+
+COMMIT_TIMEOUT_S = 5.0
+"""Longest wait for a commit: past it the broker is gone or stuck, and the commit is given up
+(what it would have passed is redelivered) rather than holding up a stopping role."""
 
 
 class Holds:
@@ -69,7 +74,10 @@ class Offsets:
         if not commit:
             return
         try:
-            await self.consumer.commit(commit)
+            await asyncio.wait_for(self.consumer.commit(commit), COMMIT_TIMEOUT_S)
+        except TimeoutError:
+            # The broker is gone or stuck: the messages stay uncommitted and are redelivered.
+            log.warning("commit of group %s timed out after %gs", self.group, COMMIT_TIMEOUT_S)
         except CommitFailedError:
             # A rebalance moved these partitions away meanwhile; their new owner redelivers
             # from the last commit, and handling is idempotent.

@@ -24,13 +24,15 @@ from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
 
-from rlbus.bus.commits import Holds, Offsets, Polled
+from rlbus.bus.commits import COMMIT_TIMEOUT_S, Holds, Offsets, Polled
 from rlbus.bus.messages import from_record
 from rlbus.bus.middleware import DeadLetters, SeenIds, traced
 from rlbus.schemas import BY_NAME, Event
 
 if TYPE_CHECKING:
     from rlbus.bus.bus import Bus
+
+STOP_TIMEOUT_S = COMMIT_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +134,10 @@ class Subscriber(Generic[H]):
         try:
             await self._consume(consumer, offsets, stop)
         finally:
-            await consumer.stop()
+            try:
+                await asyncio.wait_for(consumer.stop(), STOP_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("consumer of %s did not stop within %gs", self.group, STOP_TIMEOUT_S)
 
     async def _consume(
         self, consumer: AIOKafkaConsumer, offsets: Offsets, stop: asyncio.Event

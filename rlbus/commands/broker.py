@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import signal
+import threading
 
 import typer
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from rich.table import Table
 
-from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, settings_from
+from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, fail, settings_from
 from rlbus.config import Settings
 from rlbus.console import console
-from rlbus.discovery import local_broker, require_bootstrap
+from rlbus.discovery import announced_broker, local_broker, require_bootstrap
 from rlbus.schemas import TOPICS
 
 
@@ -21,22 +22,33 @@ def broker(ctx: typer.Context, config: ConfigOption = None) -> None:
     """Start the embedded Kafka-protocol broker (Tansu) alone and print its address.
 
     Other rlbus commands on this machine find it without configuration; other tools use
-    the printed bootstrap address. Data is in memory: it is gone when this stops.
+    the printed bootstrap address. Data is in memory: it is gone when this stops (Ctrl-C,
+    SIGTERM or SIGHUP), and if Tansu dies this says so and exits.
     """
     settings = settings_from(ctx, config)
     if settings.kafka.bootstrap_servers:
         raise typer.BadParameter("kafka.bootstrap_servers is set: there is a broker already")
-    with local_broker(settings) as live:
+    running = announced_broker(settings)
+    if running is not None:
+        raise fail(f"a broker already runs at {running.address} (process {running.pid})", 1)
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    with local_broker(settings) as (live, started):
+        assert started is not None
         console.print(
             f"embedded broker listening; bootstrap servers: "
-            f"[bold]{live.kafka.bootstrap_servers}[/bold]"
+            f"[bold]{live.kafka.bootstrap_servers}[/bold] (Tansu process {started.pid})"
         )
         console.print("Ctrl-C to stop")
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            console.print("stopped")
+        while not stopping.wait(1.0):
+            if not started.alive():
+                raise fail(
+                    f"Tansu (process {started.pid}) died; everything it held is gone. Its log: "
+                    f"{started.log_path}",
+                    1,
+                )
+    console.print("stopped")
 
 
 async def _describe(settings: Settings) -> tuple[Table, Table]:

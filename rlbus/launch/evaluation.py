@@ -89,7 +89,7 @@ def run_eval(
     show_progress: bool = True,
 ) -> EvalResult:
     """Evaluate the first `n` tasks of `env`; returns once every score is in the store."""
-    with local_broker(settings) as live, local_sink(live) as sink:
+    with local_broker(settings) as (live, _), local_sink(live) as sink:
         run_id = _run_id(sink, env, run_id, resume)
         done: set[str] = set()
         if resume:

@@ -14,16 +14,21 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 
-from rlbus.bus import free_port
+from rlbus.bus import EmbeddedBroker, free_port
 from rlbus.bus.waiting import wait_for
 from rlbus.clients.inference import healthy
 from rlbus.config import Settings, data_dir
 from rlbus.config.run import RunConfig
-from rlbus.discovery import local_broker, store_served_elsewhere
+from rlbus.discovery import local_broker, reachable, store_served_elsewhere
 from rlbus.launch.dashboard import FINAL_STEP, Dashboard
 from rlbus.launch.env_files import env_file
 from rlbus.launch.local_sink import LocalSink
 from rlbus.launch.processes import RoleProcess, alive
+
+
+class BrokerLost(RuntimeError):
+    """The broker of a run died under it (an embedded one holds its topics in memory)."""
+
 
 STOP_ORDER = {"orchestrator": 0, "env": 1, "judge": 2, "trainer": 3, "inference": 4, "sink": 5}
 """Orchestrator and producers first, the trainer (finishing its batch), inference, the sink last."""
@@ -47,6 +52,14 @@ class LocalRun:
         self.console = console
         self.run_dir = data_dir(cfg) / "runs" / cfg.run_id
         self.processes: list[RoleProcess] = []
+        self.broker: EmbeddedBroker | None = None
+        """The embedded broker this run started (None: a configured or announced one)."""
+
+    def _check_broker(self, address: str) -> None:
+        """Raise BrokerLost when the run's broker is gone."""
+        gone = not self.broker.alive() if self.broker is not None else not reachable(address)
+        if gone:
+            raise BrokerLost(f"the broker at {address} is gone")
 
     def _start(self, role: str, settings: Settings, args: list[str]) -> RoleProcess:
         process = RoleProcess(role, settings, self.run_dir / "logs", args)
@@ -55,7 +68,8 @@ class LocalRun:
 
     def run(self, timeout_s: float = 600) -> int:
         """Returns the orchestrator's exit code (0: max_steps reached and evaluated)."""
-        with local_broker(self.cfg.base()) as base:
+        with local_broker(self.cfg.base()) as (base, broker):
+            self.broker = broker
             self.console.print(
                 f"broker {base.kafka.bootstrap_servers} · store {base.store.url} · "
                 f"logs {self.run_dir / 'logs'}"
@@ -103,6 +117,7 @@ class LocalRun:
         dashboard = Dashboard(self.cfg.run_id, base.store.url)
         with Live(dashboard.refresh(), console=self.console, refresh_per_second=2) as live:
             while orchestrator.alive():
+                self._check_broker(base.kafka.bootstrap_servers or "")
                 services()
                 if not trainer.alive() and trainer.proc.returncode != 0:
                     trainer.check()
