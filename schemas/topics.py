@@ -27,7 +27,7 @@ class Topic:
     """Event field used as the Kafka key: equal keys land on one partition."""
     kinds: tuple[type[Event], ...]
     groups: tuple[str, ...] = ("sink",)
-    """Consumer groups of rlbus roles that read this topic (for lag reports)."""
+    """The rlbus roles that read this topic (their groups are `role.run...`: schemas.group_of)."""
     accepts_json: bool = False
     """Outside clients may publish JSON here (no rlbus code needed)."""
 

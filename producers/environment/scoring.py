@@ -140,12 +140,15 @@ class Scorer:
             for card, value in zip(ok, values, strict=True):
                 card.rewards[rule.name] = value
 
-    async def score(self, rollouts: Sequence[RolloutCompleted]) -> list[RolloutScored]:
-        """Score rollouts of one group (all of it when the task set has group rewards)."""
+    async def score(
+        self, rollouts: Sequence[RolloutCompleted], failed: str = ""
+    ) -> list[RolloutScored]:
+        """Score rollouts of one group (all of it when the task set has group rewards).
+        `failed`: score them as errors with this reason instead (a group that never completed)."""
         ordered = sorted(rollouts, key=lambda r: r.sample_index)
         cards = [
-            _Card(r, rollout_arguments(r), error=r.error or f"rollout {r.status}")
-            if r.status != "ok"
+            _Card(r, rollout_arguments(r), error=failed or r.error or f"rollout {r.status}")
+            if failed or r.status != "ok"
             else _Card(r, rollout_arguments(r))
             for r in ordered
         ]

@@ -75,23 +75,27 @@ async def _describe(settings: Settings) -> tuple[Table, Table]:
         for col in ("group", "topic", "committed", "lag"):
             groups.add_column(col, justify="right" if col in ("committed", "lag") else "left")
         prefix = settings.kafka.topic_prefix
-        for topic in TOPICS:
-            name = prefix + topic.name
-            if name not in partitions:
-                continue
-            tps = [TopicPartition(name, p) for p in partitions[name]]
-            for group in topic.groups:
-                # Explicit partitions: the embedded broker drops the connection on an
-                # all-partitions OffsetFetch, and has no ListGroups.
-                offsets = await admin.list_consumer_group_offsets(prefix + group, partitions=tps)
-                committed = {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
-                if committed:
-                    # Clamped: Tansu 0.6 reports a batch-produced partition's end offset as its
-                    # last batch's base offset + 1, below what consumers have committed.
-                    lag = sum(max(0, ends.get(tp, 0) - committed.get(tp, 0)) for tp in tps)
-                    groups.add_row(
-                        prefix + group, topic.name, f"{sum(committed.values()):,}", f"{lag:,}"
-                    )
+        listed = sorted(g for g, _ in await admin.list_consumer_groups() if g.startswith(prefix))
+        ours = [
+            TopicPartition(prefix + t.name, p)
+            for t in TOPICS
+            for p in partitions.get(prefix + t.name, ())
+        ]
+        for group in listed:
+            # Explicit partitions: the embedded broker drops the connection on an
+            # all-partitions OffsetFetch.
+            offsets = await admin.list_consumer_group_offsets(group, partitions=ours)
+            by_topic: dict[str, dict[TopicPartition, int]] = {}
+            for tp, meta in offsets.items():
+                if meta.offset >= 0:
+                    by_topic.setdefault(tp.topic, {})[tp] = meta.offset
+            for name, committed in sorted(by_topic.items()):
+                # Clamped: Tansu 0.6 reports a batch-produced partition's end offset as its
+                # last batch's base offset + 1, below what consumers have committed.
+                tps = [TopicPartition(name, p) for p in partitions[name]]
+                lag = sum(max(0, ends.get(tp, 0) - committed.get(tp, 0)) for tp in tps)
+                topic = name[len(prefix) :]
+                groups.add_row(group, topic, f"{sum(committed.values()):,}", f"{lag:,}")
         return topics, groups
     finally:
         await consumer.stop()
@@ -99,7 +103,8 @@ async def _describe(settings: Settings) -> tuple[Table, Table]:
 
 
 def topics(ctx: typer.Context, config: ConfigOption = None) -> None:
-    """List topics with partition counts and end offsets, and the lag of each rlbus role's group."""
+    """List topics with partition counts and end offsets, and the committed offsets and lag of
+    every consumer group on them (every role of every run, and users' own consumers)."""
     settings = require_bootstrap(settings_from(ctx, config))
     for table in asyncio.run(_describe(settings)):
         console.print(table)

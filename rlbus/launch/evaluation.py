@@ -97,6 +97,11 @@ def run_eval(
                 done = scored_tasks(store, run_id, env.id)
         scope = {"run": run_id, "env": env.id}
         before = sink.count(SCORED, scope)
+        if before and not resume:
+            raise EvalError(
+                f"run {run_id!r} already has {before:,} scored rollouts of {env.id} in "
+                f"{live.store.url}: pass --resume to continue it, or another --run-id"
+            )
         live = live.model_copy(update={"run_id": run_id})
         fields = (
             TextColumn("errors {task.fields[errors]}"),
