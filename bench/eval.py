@@ -21,6 +21,7 @@ from pathlib import Path
 import openai
 
 from rlbus.bus import free_port
+from rlbus.bus.waiting import wait_for
 from rlbus.config import load_settings
 from rlbus.config.env import cli_overrides
 from rlbus.launch.evaluation import run_eval
@@ -29,19 +30,29 @@ from rlbus.producers.environment import load_environment
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 
 
+SERVE = "import sys; from rlbus.testing import ScriptedModel, serve; "
+SERVE += "serve(ScriptedModel(record=False), int(sys.argv[1]))"
+
+
 def start_server() -> tuple[subprocess.Popen[bytes], str]:
+    """The scripted model (answers reverse-text tasks correctly) in a child process."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "rlbus.testing", "--port", str(port)])
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(port)])
     url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def up() -> bool:
         try:
             openai.OpenAI(base_url=url, api_key="x", max_retries=0).models.list()
-            return proc, url
+            return True
         except openai.APIConnectionError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("scripted server did not start")
+            return False
+
+    try:
+        wait_for(up, 30, f"the scripted server at {url}", interval_s=0.1)
+    except TimeoutError:
+        proc.kill()
+        raise
+    return proc, url
 
 
 async def plain_loop(url: str, prompts: list[list[dict]], concurrency: int) -> float:

@@ -30,16 +30,27 @@ from rich.table import Table
 from rlbus.bus import free_port
 from rlbus.bus.waiting import wait_for
 from rlbus.clients.inference import InferenceClient, healthy
+from rlbus.clients.token_api import GenerateRequest, SamplingParams
 
 SERVER = """
 import asyncio, sys
-import uvicorn
+import msgspec, uvicorn
 from starlette.applications import Starlette
 from starlette.responses import Response
 from starlette.routing import Route
+from rlbus.clients.token_api import GenerateResult
 
-ANSWER = b'{"completion_ids":[5,6,7,8,9,10,11,2],"logprobs":[-0.1,-0.2,-0.3,-0.1,-0.2,-0.3,-0.1,-0.2],' \\
-         b'"finish_reason":"stop","policy_version":3}'
+ANSWER = msgspec.json.encode(
+    GenerateResult(
+        completion_ids=[5, 6, 7, 8, 9, 10, 11, 2],
+        logprobs=[-0.1, -0.2, -0.3, -0.1, -0.2, -0.3, -0.1, -0.2],
+        finish_reason="stop",
+        prompt_tokens=40,
+        policy_version=3,
+        min_policy_version=3,
+        max_policy_version=3,
+    )
+)
 
 async def generate(request):
     await request.body()
@@ -49,12 +60,12 @@ async def generate(request):
 async def health(request):
     return Response(b"ok")
 
-app = Starlette(routes=[Route("/v1/generate", generate, methods=["POST"]), Route("/health", health)])
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+routes = [Route("/v1/generate", generate, methods=["POST"]), Route("/health", health)]
+uvicorn.run(Starlette(routes=routes), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 """
 
 PROMPT = list(range(40))
-SAMPLING = {"temperature": 1.0, "max_tokens": 16}
+SAMPLING = SamplingParams(temperature=1.0, max_tokens=16)
 
 console = Console()
 
@@ -86,7 +97,7 @@ async def rlbus_client(url: str, requests: int, concurrency: int) -> float:
 
 
 async def httpx_client(url: str, requests: int, concurrency: int) -> float:
-    body = msgspec.json.encode({"prompt_ids": PROMPT, "sampling": SAMPLING})
+    body = msgspec.json.encode(GenerateRequest(prompt_ids=PROMPT, sampling=SAMPLING))
     async with httpx.AsyncClient(timeout=60) as client:
 
         async def post() -> object:

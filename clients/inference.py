@@ -1,18 +1,26 @@
-"""A client of the inference server's token endpoints: POST /v1/generate (env producers'
-train-mode backend) and POST /v1/score (teacher log-probs for distillation).
+"""A client of the inference server: POST /v1/generate (env producers' train-mode backend),
+POST /v1/score (teacher log-probs for distillation) and GET /health. The bodies are the structs
+of `rlbus.clients.token_api`, the ones the server decodes and encodes.
 
-aiohttp rather than httpx: an env producer makes one request per model call, and on this
-machine httpx spent ~2 ms of CPU per request against aiohttp's ~0.25 ms (`python
-bench/http_client.py`); at 128 rollouts a step that was the env producer's largest cost.
+aiohttp rather than httpx: an env producer makes one request per model call, and httpx's CPU
+per request was the env producer's largest cost (`python bench/http_client.py` measures both).
 """
 
 from __future__ import annotations
 
 import urllib.request
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import aiohttp
 import msgspec
+
+from rlbus.clients.token_api import (
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    ScoreRequest,
+    ScoreResult,
+)
 
 T = TypeVar("T")
 
@@ -25,15 +33,13 @@ class InferenceError(RuntimeError):
         self.status = status
 
 
-class Generated(msgspec.Struct):
-    completion_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    policy_version: int = 0
-
-
-class _Scored(msgspec.Struct):
-    logprobs: list[float]
+def healthy(url: str, timeout_s: float = 2) -> bool:
+    """Whether the server behind a /v1 URL answers GET /health."""
+    try:
+        with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=timeout_s) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 class InferenceClient:
@@ -43,28 +49,28 @@ class InferenceClient:
         self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
 
-    async def generate(self, prompt_ids: list[int], sampling: dict[str, Any]) -> Generated:
-        return await self._post(
-            "/generate", {"prompt_ids": prompt_ids, "sampling": sampling}, Generated
-        )
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+        request = GenerateRequest(prompt_ids=prompt_ids, sampling=sampling)
+        return await self._post("/generate", request, GenerateResult)
 
     async def score(
         self, prompt_ids: list[int], completion_ids: list[int], temperature: float
     ) -> list[float]:
         """Log-probs of `completion_ids` after `prompt_ids`, one per completion token."""
-        body = {
-            "prompt_ids": prompt_ids,
-            "completion_ids": completion_ids,
-            "temperature": temperature,
-        }
-        scored = (await self._post("/score", body, _Scored)).logprobs
+        try:
+            request = ScoreRequest(
+                prompt_ids=prompt_ids, completion_ids=completion_ids, temperature=temperature
+            )
+        except ValueError as exc:  # what the server would answer with 400
+            raise InferenceError(f"{self.base_url}/score: {exc}", 400) from None
+        scored = (await self._post("/score", request, ScoreResult)).logprobs
         if len(scored) != len(completion_ids):
             raise InferenceError(
                 f"{self.base_url}/score scored {len(scored)} of {len(completion_ids)} tokens"
             )
         return scored
 
-    async def _post(self, path: str, body: dict[str, Any], into: type[T]) -> T:
+    async def _post(self, path: str, body: msgspec.Struct, into: type[T]) -> T:
         if self._session is None:
             # Made on first use, inside the event loop that will use it (aiohttp binds to it).
             self._session = aiohttp.ClientSession(
@@ -91,12 +97,3 @@ class InferenceClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-
-def healthy(url: str) -> bool:
-    """Whether the inference server behind a /v1 URL answers GET /health."""
-    try:
-        with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False

@@ -46,7 +46,10 @@ async def run_env_producer(
     """Run until `stop` is set. `renderer` (train mode) overrides the one built from
     model.tokenizer."""
     backend = make_backend(env.config.model, renderer)
-    async with Bus.of(settings) as bus, InterceptionServer(backend, env.config.sampling) as server:
+    server = InterceptionServer(
+        backend, env.config.sampling, max_request_mb=env.config.harness.max_request_mb
+    )
+    async with Bus.of(settings) as bus, server:
         producer = EnvProducer(env, bus, RolloutRunner(env, server))
         # Tasks in flight: enough to keep max_concurrent_rollouts busy at the configured group size.
         concurrency = max(1, env.config.max_concurrent_rollouts // env.config.group_size)

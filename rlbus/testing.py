@@ -1,26 +1,26 @@
-"""A scripted model server on loopback: OpenAI chat completions and token-in/token-out
+"""Test doubles (like torch.testing, a testing module rather than part of any role): a scripted
+model server on loopback that speaks OpenAI chat completions and token-in/token-out
 `/v1/generate`, answering from a Python function instead of a model.
 
 Tests and benchmarks point real clients (and the interception server) at it, so nothing but
-the remote LLM is faked. A raw ASGI app keeps it cheap enough to stand in for an instant model.
+the remote LLM is faked. It speaks the wire formats through the same modules as the real
+servers (`rlbus.clients.openai_wire`, `rlbus.clients.token_api`); a raw ASGI app keeps it cheap
+enough to stand in for an instant model.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import importlib
-import threading
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import uvicorn
 
-from rlbus.bus import free_port
+from rlbus.bus.server_thread import ServerThread
+from rlbus.clients import openai_wire as wire
+from rlbus.clients.token_api import GenerateRequest, GenerateResult
 from rlbus.schemas.messages import text_of
 
 Reply = dict[str, Any]
@@ -58,76 +58,52 @@ class ScriptedModel:
         return self.delay_s() if callable(self.delay_s) else self.delay_s
 
 
-def _completion(body: dict[str, Any], reply: Reply, model: str) -> dict[str, Any]:
-    prompt_tokens = sum(len(text_of(m.get("content"))) for m in body["messages"])
-    completion_tokens = max(1, len(reply.get("content") or ""))
-    message = {"role": "assistant", "content": reply.get("content")}
+Answer = tuple[int, Any]
+"""A status and a JSON body, or 200 and an iterator of server-sent events."""
+
+
+def _chat(s: ScriptedModel, body: dict[str, Any]) -> Answer:
+    req = msgspec.convert(body, wire.ChatRequest)
+    reply = s.chat(req.messages, req.tools)
+    content = reply.get("content")
+    message: dict[str, Any] = {"role": "assistant", "content": content}
     if reply.get("tool_calls"):
         message["tool_calls"] = reply["tool_calls"]
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": message,
-        "finish_reason": reply.get("finish_reason")
-        or ("tool_calls" if reply.get("tool_calls") else "stop"),
-    }
-    if body.get("logprobs"):
-        choice["logprobs"] = {
-            "content": [
-                {"token": ch, "logprob": -0.5, "bytes": list(ch.encode()), "top_logprobs": []}
-                for ch in (reply.get("content") or "")
-            ]
-        }
-    return {
-        "id": f"chatcmpl-{time.monotonic_ns()}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [choice],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
-
-
-def _chunks(completion: dict[str, Any]) -> Iterator[bytes]:
-    choice = completion["choices"][0]
-    base = {k: completion[k] for k in ("id", "created", "model")} | {
-        "object": "chat.completion.chunk"
-    }
-    delta = {"role": "assistant", "content": choice["message"]["content"]}
-    if choice["message"].get("tool_calls"):
-        delta["tool_calls"] = [
-            {"index": i, **c} for i, c in enumerate(choice["message"]["tool_calls"])
-        ]
-    for payload in (
-        {"delta": delta, "finish_reason": None},
-        {"delta": {}, "finish_reason": choice["finish_reason"]},
-    ):
-        yield (
-            b"data: "
-            + msgspec.json.encode({**base, "choices": [{"index": 0, **payload}]})
-            + b"\n\n"
-        )
-    yield (
-        b"data: "
-        + msgspec.json.encode({**base, "choices": [], "usage": completion["usage"]})
-        + b"\n\n"
+    finish = reply.get("finish_reason") or wire.finish_reason("stop", message)
+    # Characters stand in for tokens.
+    usage = wire.usage(
+        sum(len(text_of(m.get("content"))) for m in req.messages), max(1, len(content or ""))
     )
-    yield b"data: [DONE]\n\n"
+    if req.stream:
+        chunks = wire.Chunks(s.model)
+        return 200, wire.whole_stream(chunks, message, finish, usage if req.include_usage else None)
+    logprobs = [wire.logprob_entry(ch, -0.5, []) for ch in content or ""] if req.logprobs else None
+    choice = wire.choice(0, message, finish, logprobs)
+    return 200, wire.completion(wire.new_id(), s.model, [choice], usage)
 
 
-class _App:
+def _generate(s: ScriptedModel, body: dict[str, Any]) -> Answer:
+    req = msgspec.convert(body, GenerateRequest)
+    ids = s.tokens(req.prompt_ids)
+    version = s.policy_version
+    return 200, GenerateResult(
+        completion_ids=ids,
+        logprobs=[-0.25] * len(ids),
+        finish_reason="stop",
+        prompt_tokens=len(req.prompt_ids),
+        policy_version=version,
+        min_policy_version=version,
+        max_policy_version=version,
+    )
+
+
+class ScriptedApp:
+    """The ASGI app answering for a ScriptedModel."""
+
     def __init__(self, scripted: ScriptedModel):
         self.s = scripted
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
         raw = b""
         more = True
         while more:
@@ -135,143 +111,56 @@ class _App:
             raw += message.get("body", b"")
             more = message.get("more_body", False)
         status, body = await self._route(scope["method"], scope["path"], raw)
-        if isinstance(body, bytes | dict):
-            data = body if isinstance(body, bytes) else msgspec.json.encode(body)
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": status,
-                    "headers": [(b"content-type", b"application/json")],
-                }
-            )
-            await send({"type": "http.response.body", "body": data})
-            return
+        events = isinstance(body, Iterator)
+        media_type = b"text/event-stream" if events else b"application/json"
         await send(
             {
                 "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"text/event-stream")],
+                "status": status,
+                "headers": [(b"content-type", media_type)],
             }
         )
-        async for chunk in body:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
+        for event in body if events else ():
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send(
+            {"type": "http.response.body", "body": b"" if events else msgspec.json.encode(body)}
+        )
 
-    async def _route(
-        self, method: str, path: str, raw: bytes
-    ) -> tuple[int, dict[str, Any] | bytes | AsyncIterator[bytes]]:
+    async def _route(self, method: str, path: str, raw: bytes) -> Answer:
         s = self.s
         if method == "GET" and path.endswith("/models"):
-            return 200, {
-                "object": "list",
-                "data": [{"id": s.model, "object": "model", "created": 0, "owned_by": "rlbus"}],
-            }
-        if method != "POST":
-            return 404, {"error": {"message": f"no route {method} {path}"}}
-        body = msgspec.json.decode(raw)
-        if s.record:
-            s.calls.append(body)
-        delay = s.delay()
-        if delay:
-            await asyncio.sleep(delay)
-        if path.endswith("/chat/completions"):
-            completion = _completion(body, s.chat(body["messages"], body.get("tools")), s.model)
-            if not body.get("stream"):
-                return 200, completion
-
-            async def stream() -> AsyncIterator[bytes]:
-                for chunk in _chunks(completion):
-                    yield chunk
-
-            return 200, stream()
-        if path.endswith("/generate"):
-            ids = s.tokens(body["prompt_ids"])
-            return 200, {
-                "completion_ids": ids,
-                "logprobs": [-0.25] * len(ids),
-                "finish_reason": "stop",
-                "prompt_tokens": len(body["prompt_ids"]),
-                "policy_version": s.policy_version,
-                "min_policy_version": s.policy_version,
-                "max_policy_version": s.policy_version,
-            }
-        return 404, {"error": {"message": f"no route {method} {path}"}}
+            return 200, wire.model_list([s.model])
+        if method != "POST" or not path.endswith(("/chat/completions", "/generate")):
+            return 404, wire.error_body(f"no route {method} {path}", kind="not_found_error")
+        try:
+            body = msgspec.json.decode(raw)
+            if s.record:
+                s.calls.append(body)
+            if delay := s.delay():
+                await asyncio.sleep(delay)
+            return _chat(s, body) if path.endswith("/completions") else _generate(s, body)
+        except msgspec.DecodeError as exc:  # bad JSON, or a body the struct refuses
+            return 400, wire.error_body(str(exc))
 
 
-class ThreadedServer:
-    """Serve an ASGI app on 127.0.0.1 from a background thread (its own event loop), so a test's
-    synchronous code and its asyncio code can both talk to it."""
-
-    def __init__(self, app: Any, lifespan: str = "off", start_timeout_s: float = 60):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._start_timeout_s = start_timeout_s
-        self._server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host="127.0.0.1",
-                port=self.port,
-                log_level="warning",
-                lifespan=lifespan,
-                access_log=False,
-            )
-        )
-        self._thread = threading.Thread(
-            target=self._server.run, daemon=True, name="threaded-server"
-        )
-
-    def __enter__(self) -> ThreadedServer:
-        self._thread.start()
-        deadline = time.monotonic() + self._start_timeout_s
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError(f"server did not start on {self.url}")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._server.force_exit = (
-            True  # requests still in flight (a slow script) are not waited for
-        )
-        with contextlib.suppress(RuntimeError):
-            self._thread.join(10)
-
-
-class ScriptedServer(ThreadedServer):
+class ScriptedServer(ServerThread):
     def __init__(self, scripted: ScriptedModel | None = None):
         self.model = scripted or ScriptedModel()
-        super().__init__(_App(self.model))
+        super().__init__(ScriptedApp(self.model), name="scripted-model")
 
     def __enter__(self) -> ScriptedServer:
         super().__enter__()
         return self
 
 
-def _load(spec: str) -> Any:
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description="Serve a scripted OpenAI-compatible model on 127.0.0.1."
-    )
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument(
-        "--chat", default=f"{__name__}:reverse_task_word", help="module:function replying to chats"
-    )
-    args = parser.parse_args()
-    scripted = ScriptedModel(chat=_load(args.chat), record=False)
+def serve(scripted: ScriptedModel, port: int) -> None:
+    """Serve `scripted` on 127.0.0.1:`port` in the foreground (benchmarks run it in a child
+    process, so that it does not share the measured process's CPU)."""
     uvicorn.run(
-        _App(scripted),
+        ScriptedApp(scripted),
         host="127.0.0.1",
-        port=args.port,
+        port=port,
         log_level="warning",
         lifespan="off",
         access_log=False,
     )
-
-
-if __name__ == "__main__":
-    main()

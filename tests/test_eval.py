@@ -15,6 +15,7 @@ import typer
 from typer.testing import CliRunner
 
 from rlbus.bus import EmbeddedBroker
+from rlbus.bus.server_thread import ServerThread
 from rlbus.bus.store import open_store
 from rlbus.bus.waiting import wait_for
 from rlbus.commands import eval as eval_command
@@ -27,7 +28,7 @@ from rlbus.producers.environment import load_environment
 from rlbus.schemas import TokenRecord, TraceNode
 from rlbus.schemas.packed import mask, tokens
 from rlbus.schemas.samples import trace_samples
-from rlbus.testing import ScriptedServer, ThreadedServer
+from rlbus.testing import ScriptedServer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -310,7 +311,7 @@ def test_train_mode_with_the_inference_engine_stored_trace_reproduces_prompts(
     model_dir = tmp_path / "tiny"
     init_model(model_dir)
     app = build_app(build_backend(model_dir), model_dir, model_name="tiny", renderer="template")
-    with ThreadedServer(app, lifespan="on") as engine:
+    with ServerThread(app, lifespan="on") as engine:
         env = load_environment(
             str(EXAMPLES / "guess_number"),
             {

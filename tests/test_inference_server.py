@@ -15,7 +15,7 @@ import uvicorn
 from safetensors.torch import save_file
 
 from rlbus.bus import Bus, Delivery, free_port
-from rlbus.clients.inference import InferenceClient, InferenceError
+from rlbus.clients.inference import InferenceClient, InferenceError, healthy
 from rlbus.clients.renderer import TemplateRenderer
 from rlbus.config import Settings
 from rlbus.consumers.inference.api import (
@@ -189,7 +189,7 @@ async def test_inference_client_generates_scores_and_names_failures(
 ) -> None:
     client = InferenceClient(f"{server[0]}/v1", timeout_s=60)
     try:
-        sampling = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        sampling = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
         out = await client.generate([10, 20, 30], sampling)
         assert len(out.completion_ids) == 6 == len(out.logprobs) and out.policy_version == 0
         scored = await client.score([10, 20, 30], out.completion_ids, 1.0)
@@ -199,9 +199,11 @@ async def test_inference_client_generates_scores_and_names_failures(
         assert bad.value.status == 400
     finally:
         await client.close()
+    assert await asyncio.to_thread(healthy, f"{server[0]}/v1")
+    assert not await asyncio.to_thread(healthy, f"http://127.0.0.1:{free_port()}/v1")
     down = InferenceClient(f"http://127.0.0.1:{free_port()}/v1")
     with pytest.raises(InferenceError, match="unreachable") as unreachable:
-        await down.generate([1], {"max_tokens": 1})
+        await down.generate([1], SamplingParams(max_tokens=1))
     assert unreachable.value.status == 502
     await down.close()
 

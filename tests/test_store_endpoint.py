@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from http.client import HTTPConnection
 from pathlib import Path
 
 import msgspec
@@ -245,3 +248,27 @@ def test_a_stale_endpoint_file_is_ignored(data_dir: Path) -> None:
     with open_store(f"chdb://{data_dir}", read_only=True) as reader:
         assert reader.via is None
         assert reader.query("SELECT count() FROM tokens").rows == [(0,)]
+
+
+def test_chunked_bodies_other_paths_and_idle_clients(store: Store) -> None:
+    host, port = store.serve().url.removeprefix("http://").split(":")
+    client = HTTPConnection(host, int(port), timeout=10)
+    body = iter([b"SELECT count() ", b"FROM tokens"])
+    client.request("POST", "/?default_format=CSV", body=body, encode_chunked=True)
+    reply = client.getresponse()
+    assert (reply.status, reply.read()) == (200, b"3\n")
+    client.request("GET", "/nowhere")
+    reply = client.getresponse()
+    assert (reply.status, reply.read()) == (404, b"no handler for /nowhere\n")
+    form = {"Content-Type": "multipart/form-data; boundary=x"}
+    client.request("POST", "/", body=b"--x--\r\n", headers=form)
+    reply = client.getresponse()
+    assert (reply.status, reply.getheader("X-ClickHouse-Exception-Code")) == (500, "1")
+    assert b"send the query as the body" in reply.read()
+    # One client idle after its answers, one connected that never sends: neither holds up close.
+    silent = socket.create_connection((host, int(port)), timeout=10)
+    started = time.monotonic()
+    store.close()
+    assert time.monotonic() - started < 5
+    client.close()
+    silent.close()

@@ -2,10 +2,10 @@
 
 Only one process can open a chdb data directory, so the process that holds it (the sink)
 answers other processes' queries: clickhouse-connect's HTTP client and `rlbus sql` connect to
-it as to a ClickHouse server. Each request runs on its own chdb connection, in its own thread,
-so it never shares a session with the holder's inserting thread. Responses close the
-connection (HTTP/1.0), which lets shutdown wait for in-flight requests without waiting on idle
-keep-alive clients.
+it as to a ClickHouse server. A small Starlette app served by uvicorn on a thread of the holder;
+each request runs on its own chdb connection, opened and closed on one worker thread, so it
+never shares a session with the holder's inserting thread. Closing waits for requests in
+flight (up to a bound), never for idle keep-alive clients.
 """
 
 from __future__ import annotations
@@ -13,16 +13,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 import uuid
+from collections.abc import Mapping
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import NoReturn
-from urllib.parse import parse_qsl, urlsplit
 
 import chdb
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
+from rlbus.bus.server_thread import ServerThread
 from rlbus.bus.store.holder import withdraw_endpoint, write_endpoint
 from rlbus.bus.store.sqltext import (
     SqlTextError,
@@ -74,6 +78,7 @@ _STATUS_BY_CODE = {
 }
 """As a ClickHouse server answers: unknown table/database 404, syntax 400, read-only 403."""
 _CODE = re.compile(r"Code: (\d+)")
+_PLAIN = "text/plain; charset=UTF-8"
 _TEXT_FORMATS = ("TabSeparated", "TSV", "CSV", "Pretty", "Vertical", "Markdown", "Values")
 
 
@@ -98,64 +103,55 @@ def _content_type(fmt: str) -> str:
     if fmt.startswith("JSON"):
         return "application/json; charset=UTF-8"
     if fmt.startswith(_TEXT_FORMATS):
-        return "text/plain; charset=UTF-8"
+        return _PLAIN
     return "application/octet-stream"
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+CLOSE_WAIT_S = 10
+"""Seconds closing the endpoint waits for queries in flight before dropping them."""
 
-    def __init__(self, address: tuple[str, int], engine_path: str, timezone: str):
-        super().__init__(address, _Handler)
+
+class _Queries:
+    """Answers one HTTP request with one read-only statement on its own chdb connection."""
+
+    def __init__(self, engine_path: str, timezone: str):
         self.engine_path = engine_path
         self.timezone = timezone
 
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    server_version = "rlbus-store"
-    timeout = 30.0
-    """Seconds a silent client may hold a request thread; shutdown waits for those threads."""
-
-    def do_GET(self) -> None:
-        self._handle()
-
-    def do_POST(self) -> None:
-        self._handle()
-
-    def log_message(self, format: str, *args: object) -> None:
-        """Queries are not logged: the holder's stderr belongs to the run."""
-
-    def _handle(self) -> None:
-        url = urlsplit(self.path)
-        params = dict(parse_qsl(url.query, keep_blank_values=True))
-        if url.path in ("/ping", "/") and self.command == "GET" and "query" not in params:
-            self._reply(HTTPStatus.OK, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"})
-            return
-        if url.path != "/":
-            self._reply(HTTPStatus.NOT_FOUND, f"no handler for {url.path}\n".encode(), {})
-            return
+    async def handle(self, request: Request) -> Response:
+        params = dict(request.query_params)  # a repeated parameter counts once: its last value
+        path = request.url.path
+        if path in ("/ping", "/") and request.method == "GET" and "query" not in params:
+            return _reply(HTTPStatus.OK, b"Ok.\n", {"Content-Type": _PLAIN})
+        if path != "/":
+            return _reply(HTTPStatus.NOT_FOUND, f"no handler for {path}\n".encode(), {})
         try:
-            body, headers = self._execute(self._statement(params), params)
+            if "multipart/form-data" in request.headers.get("Content-Type", ""):
+                raise QueryError(
+                    UNSUPPORTED_METHOD,
+                    "form-encoded queries are not supported; send the query as the body",
+                    "UNSUPPORTED_METHOD",
+                )
+            body = await request.body()  # chunked bodies arrive decoded
+            answer, headers = await run_in_threadpool(self._answer, params, request.headers, body)
         except QueryError as exc:
-            status = _STATUS_BY_CODE.get(exc.code, HTTPStatus.INTERNAL_SERVER_ERROR)
-            self._reply(
-                status,
+            return _reply(
+                _STATUS_BY_CODE.get(exc.code, HTTPStatus.INTERNAL_SERVER_ERROR),
                 exc.body(),
-                {
-                    "X-ClickHouse-Exception-Code": str(exc.code),
-                    "Content-Type": "text/plain; charset=UTF-8",
-                },
+                {"X-ClickHouse-Exception-Code": str(exc.code), "Content-Type": _PLAIN},
             )
-            return
-        self._reply(HTTPStatus.OK, body, headers)
+        return _reply(HTTPStatus.OK, answer, headers)
 
-    def _statement(self, params: dict[str, str]) -> str:
+    def _answer(
+        self, params: dict[str, str], headers: Mapping[str, str], body: bytes
+    ) -> tuple[bytes, dict[str, str]]:
+        return self._execute(self._statement(params, headers, body), params)
+
+    def _statement(self, params: dict[str, str], headers: Mapping[str, str], raw: bytes) -> str:
         """The one read-only statement this request carries, joined as a server joins it: the
         `query` parameter, then the body. Writes are named before the body is judged, so an
         insert is refused as an insert whatever its data looks like."""
-        raw = self._body()
-        if self.headers.get("Content-Encoding", "identity") != "identity":
+        if headers.get("Content-Encoding", "identity") != "identity":
             # clickhouse-connect compresses only inserts, with the INSERT inside the body.
             self._refuse_write(
                 self._problem(params.get("query", "")) or "a compressed body carries an insert"
@@ -191,26 +187,6 @@ class _Handler(BaseHTTPRequestHandler):
             "writes go through the process that holds the store"
         )
 
-    def _body(self) -> bytes:
-        if "multipart/form-data" in self.headers.get("Content-Type", ""):
-            raise QueryError(
-                UNSUPPORTED_METHOD,
-                "form-encoded queries are not supported; send the query as the body",
-                "UNSUPPORTED_METHOD",
-            )
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            return self._chunked_body()
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
-    def _chunked_body(self) -> bytes:
-        chunks = []
-        while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
-            chunks.append(self.rfile.read(size))
-            self.rfile.readline()
-        while self.rfile.readline().strip():  # trailer fields
-            pass
-        return b"".join(chunks)
-
     def _execute(self, statement: str, params: dict[str, str]) -> tuple[bytes, dict[str, str]]:
         fmt = params.get("default_format") or "TabSeparated"
         bind = {k.removeprefix("param_"): v for k, v in params.items() if k.startswith("param_")}
@@ -219,7 +195,7 @@ class _Handler(BaseHTTPRequestHandler):
             for k, v in params.items()
             if k not in _TRANSPORT_PARAMS and not k.startswith("param_")
         }
-        connection = chdb.connect(self.server.engine_path)
+        connection = chdb.connect(self.engine_path)
         try:
             # readonly=2 still lets a client change settings, but not readonly itself.
             connection.query("SET readonly = 2")
@@ -247,19 +223,18 @@ class _Handler(BaseHTTPRequestHandler):
         return body, {
             "Content-Type": _content_type(fmt),
             "X-ClickHouse-Format": fmt,
-            "X-ClickHouse-Timezone": self.server.timezone,
+            "X-ClickHouse-Timezone": self.timezone,
             "X-ClickHouse-Query-Id": params.get("query_id") or str(uuid.uuid4()),
             "X-ClickHouse-Summary": json.dumps(summary),
         }
 
-    def _reply(self, status: HTTPStatus, body: bytes, headers: dict[str, str]) -> None:
-        self.send_response(status)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
+
+def _reply(status: HTTPStatus, body: bytes, headers: dict[str, str]) -> Response:
+    """A response with its header names spelled as ClickHouse spells them (Starlette would
+    lower-case them; clients that index a plain dict of headers depend on the spelling)."""
+    response = Response(body, status)
+    response.raw_headers += [(k.encode(), v.encode()) for k, v in headers.items()]
+    return response
 
 
 def _escape(value: str) -> str:
@@ -277,23 +252,17 @@ class Endpoint:
             timezone = probe.query("SELECT timezone()", "TabSeparated").bytes().decode().strip()
         finally:
             probe.close()
-        self._server = _Server((host, port), engine_path, timezone)
-        self.url = f"http://{host}:{self._server.server_port}"
-        self._data_dir = Path(engine_path)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.1},
-            name="rlbus-store-endpoint",
-            daemon=True,
+        queries = _Queries(engine_path, timezone)
+        app = Starlette(routes=[Route("/{path:path}", queries.handle, methods=["GET", "POST"])])
+        self._server = ServerThread(
+            app, host, port, graceful_s=CLOSE_WAIT_S, name="rlbus-store-endpoint"
         )
-        self._thread.start()
+        self._server.start()
+        self.url = self._server.url
+        self._data_dir = Path(engine_path)
         write_endpoint(self._data_dir, self.url)
 
     def close(self) -> None:
-        """Stop serving, wait for in-flight requests, and withdraw the URL file."""
-        if not self._thread.is_alive():
-            return
+        """Withdraw the URL file, stop serving, and wait for queries in flight."""
         withdraw_endpoint(self._data_dir, self.url)
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        self._server.close()

@@ -30,26 +30,23 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rlbus.clients import openai_wire as wire
 from rlbus.clients.renderer import Renderer, RendererError
+from rlbus.clients.token_api import GenerateRequest, ScoreRequest
 from rlbus.consumers.inference.api import (
     Delta,
-    GenerateRequest,
     GenerateResult,
     InferenceBackend,
     RequestError,
     SamplingParams,
-    ScoreRequest,
     WeightsRequest,
     check_prompt,
 )
 from rlbus.consumers.inference.checkpoint import CheckpointError
 from rlbus.consumers.inference.openai_format import (
     ChatRequest,
-    ChunkWriter,
-    chat_response,
+    ChatWriter,
     cut_at_stop,
-    error_body,
-    model_list,
     request_error_body,
     sampling_params,
 )
@@ -77,10 +74,6 @@ def _result_headers(results: list[GenerateResult]) -> dict[str, str]:
         VERSION_HEADER: str(min(r.min_policy_version for r in results)),
         MAX_VERSION_HEADER: str(max(r.max_policy_version for r in results)),
     }
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
 
 class _VersionHeader:
@@ -131,7 +124,7 @@ class InferenceAPI:
             )
 
     async def models(self, request: Request) -> Response:
-        return _json(model_list([self.model_name], self.created))
+        return _json(wire.model_list([self.model_name], self.created))
 
     async def health(self, request: Request) -> Response:
         return _json({"status": "ok", "policy_version": self.backend.policy_version})
@@ -178,34 +171,36 @@ class InferenceAPI:
             )
             for r in results
         ]
-        body = chat_response(req, self.model_name, prompt_ids, results, messages, self.token_text)
+        body = ChatWriter(req, self.model_name, self.token_text).response(
+            prompt_ids, results, messages
+        )
         return _json(body, headers=_result_headers(results))
 
     async def _stream(
         self, req: ChatRequest, prompt_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[bytes]:
-        writer = ChunkWriter(req, self.model_name, self.token_text)
+        writer = ChatWriter(req, self.model_name, self.token_text)
         tools = req.active_tools
         # With tools the raw text may hold a tool call, so the parsed message comes at the end.
         text_deltas = not tools
-        yield _sse(writer.opening())
+        yield wire.sse(writer.opening())
         try:
             async for item in self.backend.stream(prompt_ids, params):
                 if isinstance(item, Delta):
                     chunk = writer.delta(item, with_text=text_deltas)
                     if chunk is not None:
-                        yield _sse(chunk)
+                        yield wire.sse(chunk)
                     continue
                 message = cut_at_stop(
                     self.renderer.parse(item.completion_ids, tools=tools, prompt_ids=prompt_ids),
                     item,
                 )
-                yield _sse(writer.closing(item, message, final_message=not text_deltas))
+                yield wire.sse(writer.closing(item, message, final_message=not text_deltas))
                 if req.include_usage:
-                    yield _sse(writer.usage(len(prompt_ids), item))
+                    yield wire.sse(writer.usage(len(prompt_ids), item))
         except RequestError as exc:
-            yield _sse(request_error_body(exc))
-        yield b"data: [DONE]\n\n"
+            yield wire.sse(request_error_body(exc))
+        yield wire.DONE
 
 
 _FIELD_PATH = re.compile(r"at `\$\.([^`]+)`")
@@ -217,7 +212,9 @@ def _client_error(status: int) -> Callable[[Request, Exception], Any]:
             return _json(request_error_body(exc), status=status)
         # msgspec names the offending field as a JSON path at the end of its message.
         field = _FIELD_PATH.search(str(exc))
-        return _json(error_body(str(exc), param=field.group(1) if field else None), status=status)
+        return _json(
+            wire.error_body(str(exc), param=field.group(1) if field else None), status=status
+        )
 
     return handle
 

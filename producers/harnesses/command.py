@@ -1,8 +1,11 @@
 """`command`: any program, run in the rollout's sandbox with OPENAI_BASE_URL / ANTHROPIC_BASE_URL
 (and API keys) pointing at the rollout's own interception URL. The program needs no rlbus code.
 It finds the task in $RLBUS_TASK_FILE (JSON: task_id, prompt, messages, info) and the prompt's
-last user text on stdin; its stdout is kept in state["stdout"]. In `command`, {python} is this
-interpreter, {workdir} the rollout's directory and {env_dir} the environment's own directory."""
+last user text on stdin; its stdout is kept in state["stdout"], and its tree's CPU seconds and
+peak MiB in state["program_cpu_s"] and state["program_peak_mb"] where the runtime measured them.
+In `command`, {python} is this interpreter, {workdir} the rollout's directory and {env_dir} the
+environment's own directory (a sandbox lets the program read that directory, and reach its own
+URL only)."""
 
 from __future__ import annotations
 
@@ -50,8 +53,17 @@ class CommandHarness:
             **self.config.env,
         }
         user = next((m for m in reversed(rollout.prompt) if m.get("role") == "user"), {})
-        result = await sandbox.run(argv, env, stdin=text_of(user.get("content")).encode())
+        result = await sandbox.run(
+            argv,
+            env,
+            stdin=text_of(user.get("content")).encode(),
+            readable=[rollout.env.root],
+            endpoint=session,
+        )
         rollout.state.update(stdout=result.stdout, exit_code=result.returncode)
+        # The program tree's cost, where the runtime measured it (a cgroup): queryable per rollout.
+        measured = {"program_cpu_s": result.cpu_s, "program_peak_mb": result.peak_mb}
+        rollout.state.update({k: round(v, 3) for k, v in measured.items() if v is not None})
         if result.error_kind:
             raise HarnessError(result.error_kind, result.error)
         return session.trace.completion()

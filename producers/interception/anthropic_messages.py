@@ -6,9 +6,10 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from rlbus.clients.openai_wire import sse
 from rlbus.producers.interception.calls import CallResult, ModelCall
 from rlbus.producers.interception.messages import Message, tool_call
-from rlbus.producers.interception.wire import BadRequest, Request, sse
+from rlbus.producers.interception.wire import BadRequest, Request
 from rlbus.schemas.messages import text_of
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}

@@ -16,6 +16,7 @@ import msgspec
 import openai
 
 from rlbus.clients.inference import InferenceClient, InferenceError
+from rlbus.clients.token_api import SamplingParams
 from rlbus.config.env import ModelConfig
 from rlbus.producers.interception.calls import CallResult, ModelCall, Prior, UpstreamError
 from rlbus.producers.interception.messages import assistant_message
@@ -34,10 +35,9 @@ class EvalBackend:
         if not config.base_url:
             raise ValueError("eval mode needs model.base_url (an OpenAI-compatible /v1 URL)")
         self.model = config.name
-        # The client's own HTTP stack over aiohttp: on its default httpx transport `rlbus eval`
-        # made 255-290 rollouts/s against an instant server, on aiohttp 380-430 (bench/eval.py),
-        # and one client is enough (httpx needed four, its pool checking every connection on
-        # each request).
+        # The client's own HTTP stack over aiohttp: its default httpx transport cost `rlbus
+        # eval` a third of its rate (bench/eval.py), and one client is enough (httpx needed
+        # four, its pool checking every connection on each request).
         self.client = openai.AsyncOpenAI(
             base_url=config.base_url,
             timeout=config.timeout_s,
@@ -120,7 +120,7 @@ class TokenBackend:
             )
         else:
             prompt_ids = self.renderer.render(call.messages, tools=call.tools)
-        sampling = {
+        chosen = {
             "temperature": call.temperature,
             "top_p": call.top_p,
             "max_tokens": call.max_tokens,
@@ -128,9 +128,13 @@ class TokenBackend:
             "seed": call.seed,
         }
         try:
-            out = await self.inference.generate(
-                prompt_ids, {k: v for k, v in sampling.items() if v is not None}
+            sampling = msgspec.convert(
+                {k: v for k, v in chosen.items() if v is not None}, SamplingParams
             )
+        except msgspec.ValidationError as exc:  # what the inference server answers with 400
+            raise UpstreamError(f"bad sampling settings: {exc}", 400) from None
+        try:
+            out = await self.inference.generate(prompt_ids, sampling)
         except InferenceError as exc:
             raise UpstreamError(str(exc), exc.status) from exc
         message = self.renderer.parse(out.completion_ids, tools=call.tools, prompt_ids=prompt_ids)

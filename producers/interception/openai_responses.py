@@ -6,9 +6,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from rlbus.clients.openai_wire import error_body, error_kind, sse
 from rlbus.producers.interception.calls import CallResult, ModelCall
 from rlbus.producers.interception.messages import Message, tool_call
-from rlbus.producers.interception.wire import BadRequest, Request, sse
+from rlbus.producers.interception.wire import BadRequest, Request
 from rlbus.schemas.messages import text_of
 
 _ROLES = {"developer": "system", "system": "system", "user": "user", "assistant": "assistant"}
@@ -199,5 +200,4 @@ class OpenAIResponses:
         yield event("response.completed", response=self._response(request, result, response_id))
 
     def error(self, status: int, message: str) -> dict[str, Any]:
-        kind = "invalid_request_error" if status < 500 else "api_error"
-        return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+        return error_body(message, kind=error_kind(status))

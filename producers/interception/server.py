@@ -4,17 +4,23 @@ Anthropic messages) becomes a ModelCall that is sent on with the run's sampling 
 recorded in the rollout's trace. In-process harnesses skip HTTP and call the session directly:
 the same recording either way.
 
+A runtime that gives a program a network of its own (the sandbox) has the server listen inside it
+for that rollout alone (`RolloutSession.serving`); from then on the rollout's token is accepted
+only there, and that listener accepts no other token. Request bodies are read up to
+`max_request_mb`, never buffered whole first: a larger request gets 413.
+
 Streaming responses are sent once the backend's answer is complete (the backend is asked for
 whole completions), as the protocol's full event sequence.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import msgspec
@@ -26,7 +32,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from rlbus.bus import telemetry
-from rlbus.config.env import SamplingConfig
+from rlbus.config.env import HarnessConfig, SamplingConfig
 from rlbus.producers.interception.anthropic_messages import AnthropicMessages
 from rlbus.producers.interception.calls import Backend, CallResult, ModelCall, Tools, UpstreamError
 from rlbus.producers.interception.openai_chat import OpenAIChat
@@ -39,21 +45,41 @@ WIRES: dict[str, WireFormat] = {
     "responses": OpenAIResponses(),
     "messages": AnthropicMessages(),
 }
+BOUND = "rlbus.rollout"
+"""Connection state on a rollout's own listener: the one token accepted there."""
+DEFAULT_MAX_REQUEST_MB: int = HarnessConfig.model_fields["max_request_mb"].default
 
 
 class RolloutSession:
-    """One rollout's view of the server: its URLs, its trace, and `chat` for in-process harnesses."""
+    """One rollout's view of the server: its URLs, its trace, and `chat` for in-process
+    harnesses."""
 
     def __init__(self, server: InterceptionServer, rollout_id: str, token: str):
         self.server = server
         self.rollout_id = rollout_id
         self.token = token
         self.trace = Trace(rollout_id)
+        self.private = False
+        """Served on a listener of its own (`serving`): its token is refused anywhere else."""
         root = f"{server.url}/r/{token}"
         self.base_url = f"{root}/v1"
         """For OpenAI clients (OPENAI_BASE_URL)."""
         self.anthropic_base_url = root
         """For Anthropic clients, which append /v1/messages themselves (ANTHROPIC_BASE_URL)."""
+
+    @property
+    def port(self) -> int:
+        """The loopback port its URLs name."""
+        return self.server.port
+
+    @contextlib.asynccontextmanager
+    async def serving(self, listener: socket.socket) -> AsyncIterator[None]:
+        """Serve this rollout on `listener` too: a listening socket made for its program alone
+        (inside the program's network namespace, or a unix socket mounted into its container).
+        From now on its token works there only."""
+        self.private = True
+        async with self.server.listening(listener, self.token):
+            yield
 
     async def complete(self, call: ModelCall, provider: str = "rlbus") -> CallResult:
         server = self.server
@@ -107,7 +133,8 @@ def _json(body: Any, status: int = 200) -> Response:
 
 
 class InterceptionServer:
-    """`async with InterceptionServer(backend, sampling) as server:` then `server.session(rollout_id)`."""
+    """`async with InterceptionServer(backend, sampling) as server:`, then
+    `server.session(rollout_id)`."""
 
     def __init__(
         self,
@@ -115,14 +142,17 @@ class InterceptionServer:
         sampling: SamplingConfig | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        max_request_mb: int = DEFAULT_MAX_REQUEST_MB,
     ):
         self.backend = backend
         self.sampling = sampling or SamplingConfig()
+        self.max_request_mb = max_request_mb
         self.sessions: dict[str, RolloutSession] = {}
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
-        self.url = f"http://{host}:{self._socket.getsockname()[1]}"
+        self.port: int = self._socket.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
         app = Starlette(
             routes=[
                 Route("/r/{token}/v1/models", self._models, methods=["GET"]),
@@ -161,17 +191,67 @@ class InterceptionServer:
         finally:
             del self.sessions[session.token]
 
-    async def _models(self, request: Request) -> Response:
-        if request.path_params["token"] not in self.sessions:
-            return _json(
-                {
-                    "error": {
-                        "message": "unknown or finished rollout",
-                        "type": "authentication_error",
-                    }
-                },
-                401,
+    @contextlib.asynccontextmanager
+    async def listening(self, listener: socket.socket, token: str) -> AsyncIterator[None]:
+        """Serve `listener` (already listening) for the rollout holding `token` alone."""
+        config, state = self._server.config, self._server.server_state
+        connections: list[asyncio.Protocol] = []
+
+        def connection() -> asyncio.Protocol:
+            protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=state, app_state={BOUND: token}
             )
+            connections.append(protocol)
+            return protocol
+
+        server = await asyncio.get_running_loop().create_server(connection, sock=listener)
+        try:
+            yield
+        finally:
+            server.close()
+            for protocol in connections:
+                if protocol in state.connections:  # still open
+                    protocol.shutdown()  # type: ignore[attr-defined]
+
+    def _refusal(self, request: Request, wire: WireFormat | None) -> Response | None:
+        """Why this request's token is not served here, as the response to send; None if it is."""
+        token = request.path_params["token"]
+        session = self.sessions.get(token)
+        if session is None:
+            status, message = 401, "unknown or finished rollout: this URL is no longer served"
+        elif request.scope.get("state", {}).get(BOUND) != (token if session.private else None):
+            status, message = (
+                403,
+                (
+                    "this URL's token belongs to another rollout, or to a rollout whose program "
+                    "reaches it through its own listener only: use your own URL"
+                ),
+            )
+        else:
+            return None
+        if wire is not None:
+            return _json(wire.error(status, message), status)
+        kind = "authentication_error" if status == 401 else "permission_error"
+        return _json({"error": {"message": message, "type": kind}}, status)
+
+    async def _body(self, request: Request) -> bytes | None:
+        """The request body, or None when it is over the limit (read up to it, no further)."""
+        limit = self.max_request_mb << 20
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            return None
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _models(self, request: Request) -> Response:
+        refused = self._refusal(request, None)
+        if refused is not None:
+            return refused
         return _json(
             {
                 "object": "list",
@@ -194,13 +274,19 @@ class InterceptionServer:
                 },
                 404,
             )
-        session = self.sessions.get(request.path_params["token"])
-        if session is None:
-            return _json(
-                wire.error(401, "unknown or finished rollout: this URL is no longer served"), 401
+        refused = self._refusal(request, wire)
+        if refused is not None:
+            return refused
+        session = self.sessions[request.path_params["token"]]
+        body = await self._body(request)
+        if body is None:
+            message = (
+                f"request body over {self.max_request_mb} MiB, the limit set by the env config's "
+                "harness.max_request_mb"
             )
+            return _json(wire.error(413, message), 413)
         try:
-            parsed = wire.parse(msgspec.json.decode(await request.body()))
+            parsed = wire.parse(msgspec.json.decode(body))
         except (BadRequest, msgspec.DecodeError, KeyError, TypeError, AttributeError) as exc:
             return _json(wire.error(400, f"bad request: {exc}"), 400)
         try:

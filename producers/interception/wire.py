@@ -6,8 +6,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import msgspec
-
 from rlbus.producers.interception.calls import CallResult, ModelCall
 
 
@@ -30,8 +28,3 @@ class WireFormat(Protocol):
 
 class BadRequest(ValueError):
     """A request the protocol adapter cannot turn into a model call."""
-
-
-def sse(data: Any, event: str | None = None) -> bytes:
-    head = f"event: {event}\n".encode() if event else b""
-    return head + b"data: " + msgspec.json.encode(data) + b"\n\n"

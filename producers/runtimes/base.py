@@ -9,14 +9,18 @@ import os
 import resource
 import shutil
 import signal
+import socket
+import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from rlbus.config.env import RuntimeConfig
+from rlbus.producers.runtimes.linux import PR_SET_PDEATHSIG, prctl
+from rlbus.producers.runtimes.tree import Tree
 
 TAIL = 4000
 """Characters of stdout/stderr kept in results and error messages."""
@@ -32,14 +36,41 @@ class ExecResult:
     error_kind: str = ""
     """"" when the program exited 0; else timeout, memory, cpu, signal or exit."""
     error: str = ""
+    peak_mb: float | None = None
+    """The program tree's peak memory, where it was measured (cgroup or watchdog)."""
+    cpu_s: float | None = None
+    """CPU time of the program's whole tree, where it was measured (cgroup)."""
+
+
+class Endpoint(Protocol):
+    """A rollout's interception URL, for runtimes that give the program a network of its own."""
+
+    @property
+    def port(self) -> int:
+        """The loopback port the program's URLs name."""
+        ...
+
+    def serving(self, listener: socket.socket) -> contextlib.AbstractAsyncContextManager[None]:
+        """Serve this rollout on `listener`, a listening socket made for its program alone."""
+        ...
 
 
 class Sandbox(Protocol):
     workdir: Path
 
     async def run(
-        self, argv: list[str], env: dict[str, str], stdin: bytes | None = None
-    ) -> ExecResult: ...
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        stdin: bytes | None = None,
+        *,
+        readable: Sequence[Path] = (),
+        endpoint: Endpoint | None = None,
+    ) -> ExecResult:
+        """Run argv to its end or its limits. `readable`: paths the program needs to read (a
+        sandbox shows it nothing else of the host's files); `endpoint`: the rollout's URL (a
+        sandbox lets the program reach nothing else)."""
+        ...
 
 
 class Runtime(Protocol):
@@ -48,31 +79,49 @@ class Runtime(Protocol):
     def sandbox(self, rollout_id: str) -> contextlib.AbstractAsyncContextManager[Sandbox]: ...
 
 
-def _limits(memory_mb: int | None, cpu_s: int | None) -> Callable[[], None] | None:
-    if memory_mb is None and cpu_s is None:
-        return None
-
-    def apply() -> None:  # runs in the child between fork and exec
-        if memory_mb is not None:
-            resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-        if cpu_s is not None:
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+def cpu_limit(cpu_s: int) -> Callable[[], None]:
+    def apply() -> None:  # in the child between fork and exec
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
 
     return apply
 
 
+def die_with_parent() -> None:
+    """In the child: SIGKILL when this process dies, so a crashed producer leaves no program."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def allowed_environment(config: RuntimeConfig, home: Path, env: dict[str, str]) -> dict[str, str]:
+    """`keep_env` from this process's environment (nothing else of it), HOME and TMPDIR in the
+    rollout's directory, then what the harness sets."""
+    kept = {k: os.environ[k] for k in config.keep_env if k in os.environ}
+    return {**kept, "HOME": str(home), "TMPDIR": str(home), **env}
+
+
 def _classify(
-    code: int | None, stderr: str, config: RuntimeConfig, timed_out: bool
+    code: int | None,
+    stderr: str,
+    config: RuntimeConfig,
+    timed_out: bool,
+    tree: Tree | None,
+    tree_over_memory: bool,
 ) -> tuple[str, str]:
     limit = f"{config.timeout_s:g}s"
     if timed_out:
         return "timeout", f"killed after exceeding its {limit} time limit"
     if code == 0:
         return "", ""
-    if config.memory_mb is not None and (
-        any(s in stderr for s in _MEMORY_SIGNS) or code in (-signal.SIGKILL, 137)
-    ):
-        return "memory", f"exceeded its {config.memory_mb} MiB memory limit (exit {code})"
+    if config.memory_mb is not None:
+        if tree is not None and tree_over_memory:
+            return "memory", (
+                f"exceeded its {config.memory_mb} MiB memory limit (the whole process tree, "
+                f"held by {tree.kind}; exit {code})"
+            )
+        # Without a tree (docker) the signs are the program's own words or a kill.
+        if any(s in stderr for s in _MEMORY_SIGNS) or (
+            tree is None and code in (-signal.SIGKILL, 137)
+        ):
+            return "memory", f"exceeded its {config.memory_mb} MiB memory limit (exit {code})"
     if config.cpu_s is not None and code in (
         -signal.SIGXCPU,
         -signal.SIGKILL,
@@ -98,12 +147,20 @@ async def run_process(
     cwd: Path,
     config: RuntimeConfig,
     stdin: bytes | None = None,
-    limited: bool = False,
+    tree: Tree | None = None,
+    setup: Sequence[Callable[[], None]] = (),
+    pass_fds: Sequence[int] = (),
     on_timeout: Callable[[], Awaitable[object]] | None = None,
 ) -> ExecResult:
-    """Run argv in its own process group; on timeout kill the whole group. `limited` applies the
-    config's memory and CPU limits to the process itself (the docker runtime passes them to the
-    container instead)."""
+    """Run argv in its own session; on timeout, and whenever it ends, kill its process group
+    and (with a `tree`) every process of its tree, then release the tree. `setup` runs in the
+    child between fork and exec, after it joined the tree."""
+    steps = [*([tree.preexec] if tree is not None else []), *setup]
+
+    def preexec() -> None:
+        for step in steps:
+            step()
+
     started = time.monotonic()
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -114,10 +171,15 @@ async def run_process(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=_limits(config.memory_mb, config.cpu_s) if limited else None,
+            preexec_fn=preexec if steps else None,
+            pass_fds=pass_fds,
         )
-    except OSError as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
+        if tree is not None:
+            await tree.close()
         return ExecResult(None, "", str(exc), 0.0, "exit", f"cannot start {argv[0]!r}: {exc}")
+    if tree is not None:
+        tree.started(proc)
     out, err = bytearray(), bytearray()
     # Read as it comes, so what a program printed before being killed is still reported.
     readers = asyncio.gather(_drain(proc.stdout, out), _drain(proc.stderr, err))
@@ -134,16 +196,25 @@ async def run_process(
         if on_timeout is not None:
             await on_timeout()
     finally:
-        # Whatever the program left running in its group goes with it.
+        # Whatever the program left running goes with it: its whole tree (first, while the
+        # program still holds its orphans), and its process group.
+        if tree is not None:
+            await tree.kill()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
         await proc.wait()
         try:
             await asyncio.wait_for(readers, 5)
         except TimeoutError:
-            readers.cancel()  # something outside the group still holds the pipes
+            readers.cancel()  # something outside the tree still holds the pipes
+        over, peak, cpu = False, None, None
+        if tree is not None:
+            over, peak, cpu = tree.memory_exceeded(), tree.peak_mb(), tree.cpu_s()
+            await tree.close()
     stdout, stderr = out.decode(errors="replace")[-TAIL:], err.decode(errors="replace")[-TAIL:]
-    kind, message = _classify(proc.returncode, stderr, config, timed_out)
+    kind, message = _classify(proc.returncode, stderr, config, timed_out, tree, over)
     if kind and stderr.strip():
         message += f"; stderr tail:\n{stderr[-1500:]}"
     return ExecResult(
@@ -153,6 +224,8 @@ async def run_process(
         time.monotonic() - started,
         kind,
         f"{argv[0]} {message}" if kind else "",
+        peak,
+        cpu,
     )
 
 
@@ -183,3 +256,51 @@ async def workdir(rollout_id: str, keep: bool) -> AsyncIterator[Workdir]:
         yield directory
     finally:
         directory.remove()
+
+
+@dataclass
+class RolloutSandbox:
+    """What a harness gets: the rollout's directory, and `run` through its runtime."""
+
+    directory: Workdir
+    runtime: ProcessRuntime
+
+    @property
+    def workdir(self) -> Path:
+        return self.directory.path
+
+    async def run(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        stdin: bytes | None = None,
+        *,
+        readable: Sequence[Path] = (),
+        endpoint: Endpoint | None = None,
+    ) -> ExecResult:
+        return await self.runtime.launch(self.workdir, argv, env, stdin, readable, endpoint)
+
+
+class ProcessRuntime:
+    """A runtime whose rollouts each get a working directory and run programs by `launch`."""
+
+    kind = ""
+
+    def __init__(self, config: RuntimeConfig):
+        self.config = config
+
+    @contextlib.asynccontextmanager
+    async def sandbox(self, rollout_id: str) -> AsyncIterator[RolloutSandbox]:
+        async with workdir(rollout_id, self.config.keep_workdir) as directory:
+            yield RolloutSandbox(directory, self)
+
+    async def launch(
+        self,
+        workdir: Path,
+        argv: list[str],
+        env: dict[str, str],
+        stdin: bytes | None,
+        readable: Sequence[Path],
+        endpoint: Endpoint | None,
+    ) -> ExecResult:
+        raise NotImplementedError

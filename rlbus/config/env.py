@@ -34,7 +34,8 @@ class ModelConfig(Section):
     name: str = "default"
     """Model name sent upstream and recorded on every rollout."""
     base_url: str | None = None
-    """Eval: any OpenAI-compatible /v1 URL. Train: the inference server's URL (POST /v1/generate)."""
+    """Eval: any OpenAI-compatible /v1 URL. Train: the inference server's URL (POST
+    /v1/generate)."""
     mode: Literal["eval", "train"] = "eval"
     """eval: chat with any OpenAI-compatible upstream; train: token-in/token-out with exact ids."""
     api_key_env: str = "OPENAI_API_KEY"
@@ -73,33 +74,49 @@ class McpServerConfig(Section):
 
 class HarnessConfig(Section):
     kind: Literal["single", "tools", "command"] = "single"
-    """single: one chat turn; tools: tool-calling loop; command: run a program against the rollout's URL."""
+    """single: one chat turn; tools: tool-calling loop; command: run a program against the
+    rollout's URL."""
     max_turns: int = Field(10, ge=1)
     """Most model calls per rollout (tools harness and user simulators)."""
     command: list[str] = []
-    """command harness: argv; {python} is this interpreter, {workdir} the rollout's directory, {env_dir}
-    the environment's directory."""
+    """command harness: argv; {python} is this interpreter, {workdir} the rollout's directory,
+    {env_dir} the environment's directory."""
     env: dict[str, str] = {}
     """command harness: extra environment variables for the program."""
     mcp_servers: list[McpServerConfig] = []
     """tools harness: MCP servers whose tools the model may call."""
     user_model: UserModelConfig | None = None
-    """A model-driven user simulator; without it a task set's @user method (if any) plays the user."""
+    """A model-driven user simulator; without it a task set's @user method (if any) plays the
+    user."""
     timeout_s: float = Field(600, gt=0)
     """Whole-rollout time limit; a rollout over it is recorded as errored (kind "timeout")."""
+    max_request_mb: int = Field(32, ge=1)
+    """Largest request body a rollout may send to its interception URL, MiB (a larger one: 413)."""
 
 
 class RuntimeConfig(Section):
-    kind: Literal["local", "subprocess", "docker"] = "local"
-    """Where programs run: local (plain child process), subprocess (limits, scrubbed env), docker."""
+    kind: Literal["auto", "local", "subprocess", "sandbox", "docker"] = "auto"
+    """Where programs run. sandbox: bubblewrap (own PID, mount and network namespaces; reaches only
+    its own interception URL); subprocess: unsandboxed child with an allow-listed environment, its
+    tree bounded and killed; local: plain child process (this process's environment, time limit
+    only); docker: a container per run; auto: sandbox where bubblewrap works, else subprocess."""
     timeout_s: float = Field(300, gt=0)
-    """Wall-clock limit of one program run."""
+    """Wall-clock limit of one program run; its whole process tree is killed when it is over."""
     memory_mb: int | None = Field(None, ge=16)
-    """Address-space (subprocess) or container (docker) memory limit."""
+    """Memory of the program's whole process tree (a cgroup where this host lets us make one, else
+    an address-space limit per process plus a watchdog on the tree's RSS; docker --memory)."""
     cpu_s: int | None = Field(None, ge=1)
-    """CPU-seconds limit (subprocess) or CPUs (docker --cpus)."""
+    """CPU-seconds limit of each process (RLIMIT_CPU; docker --ulimit cpu)."""
+    cpus: float | None = Field(None, gt=0)
+    """CPUs the program's tree may use at once (cgroup CPU quota where writable; docker --cpus)."""
+    pids_max: int | None = Field(1024, ge=1)
+    """Most processes and threads in the program's tree (cgroup pids controller where writable;
+    docker --pids-limit)."""
     keep_env: list[str] = ["PATH", "LANG", "LC_ALL", "TZ"]
-    """subprocess: the only variables kept from this process's environment."""
+    """subprocess, sandbox, docker: the only variables kept from this process's environment."""
+    read_only: list[str] = []
+    """sandbox: more host paths the program may read (the system's, this interpreter's and the
+    environment's own directories are always there)."""
     image: str = "python:3.11-slim"
     """docker: image the program runs in."""
     docker_args: list[str] = []
@@ -110,7 +127,8 @@ class RuntimeConfig(Section):
 
 class EnvConfig(Section):
     taskset: str
-    """The task set: an entry point in group "rlbus.environments", package.module:Class or FILE.py:Class."""
+    """The task set: an entry point in group "rlbus.environments", package.module:Class or
+    FILE.py:Class."""
     id: str | None = None
     """Environment id on tasks and rollouts; unset: the task set's name."""
     args: dict[str, Any] = {}

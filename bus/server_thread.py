@@ -1,0 +1,83 @@
+"""Serve an ASGI app with uvicorn on a background thread (its own event loop), so that
+synchronous code can own a server: the store's read-only endpoint, and the test servers.
+
+The socket is bound before the thread starts, so `url` is known at once and port 0 means a
+free port chosen by the system (no window for another process to take it).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Literal
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from rlbus.bus.waiting import wait_for
+
+
+class ServerThread:
+    """`with ServerThread(app) as server:` then `server.url`; loopback unless `host` says so."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        lifespan: Literal["on", "off"] = "off",
+        graceful_s: int | None = None,
+        start_timeout_s: float = 60,
+        name: str = "asgi-server",
+    ):
+        """`graceful_s`: how long `close()` waits for requests in flight (idle keep-alive
+        connections are closed at once); None: not at all, and the app's lifespan shutdown
+        is skipped too."""
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self.port: int = self._socket.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
+        self._graceful = graceful_s is not None
+        self._start_timeout_s = start_timeout_s
+        self._server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                log_level="warning",
+                lifespan=lifespan,
+                access_log=False,
+                server_header=False,
+                timeout_graceful_shutdown=graceful_s,
+            )
+        )
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True, name=name
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+        def running() -> None:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"server on {self.url} stopped before it started")
+
+        try:
+            wait_for(lambda: self._server.started, self._start_timeout_s, self.url, 0.01, running)
+        except (RuntimeError, TimeoutError):
+            self._socket.close()
+            raise
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._server.should_exit = True
+            self._server.force_exit = not self._graceful
+            self._thread.join()
+        self._socket.close()  # uvicorn closes it too, unless it never started
+
+    def __enter__(self) -> ServerThread:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
