@@ -11,7 +11,7 @@ from typing import Any
 from rlbus.bus import Bus, Delivery
 from rlbus.config import Settings
 from rlbus.producers.environment.loader import Environment
-from rlbus.producers.interception import InterceptionServer, make_backend
+from rlbus.producers.interception import InterceptionServer
 from rlbus.producers.rollouts import RolloutRunner
 from rlbus.schemas import TaskPublished, group_of
 
@@ -45,11 +45,7 @@ async def run_env_producer(
 ) -> EnvProducer:
     """Run until `stop` is set. `renderer` (train mode) overrides the one built from
     model.tokenizer."""
-    backend = make_backend(env.config.model, renderer)
-    server = InterceptionServer(
-        backend, env.config.sampling, max_request_mb=env.config.harness.max_request_mb
-    )
-    async with Bus.of(settings) as bus, server:
+    async with Bus.of(settings) as bus, InterceptionServer.of(env.config, renderer) as server:
         producer = EnvProducer(env, bus, RolloutRunner(env, server))
         # Tasks in flight: enough to keep max_concurrent_rollouts busy at the configured group size.
         concurrency = max(1, env.config.max_concurrent_rollouts // env.config.group_size)

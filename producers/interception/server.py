@@ -32,8 +32,9 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from rlbus.bus import telemetry
-from rlbus.config.env import HarnessConfig, SamplingConfig
+from rlbus.config.env import EnvConfig, HarnessConfig, SamplingConfig
 from rlbus.producers.interception.anthropic_messages import AnthropicMessages
+from rlbus.producers.interception.backends import make_backend
 from rlbus.producers.interception.calls import Backend, CallResult, ModelCall, Tools, UpstreamError
 from rlbus.producers.interception.openai_chat import OpenAIChat
 from rlbus.producers.interception.openai_responses import OpenAIResponses
@@ -172,6 +173,13 @@ class InterceptionServer:
         # Serve inside the caller's event loop without uvicorn's own signal handling, which
         # would take over the producer's SIGINT/SIGTERM.
         self._server.lifespan = config.lifespan_class(config)
+
+    @classmethod
+    def of(cls, config: EnvConfig, renderer: Any | None = None) -> InterceptionServer:
+        """The server for an environment: its model backend, sampling and request limit.
+        `renderer` (train mode) overrides the one built from model.tokenizer."""
+        backend = make_backend(config.model, renderer)
+        return cls(backend, config.sampling, max_request_mb=config.harness.max_request_mb)
 
     async def __aenter__(self) -> InterceptionServer:
         await self._server.startup(sockets=[self._socket])

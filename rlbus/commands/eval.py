@@ -92,7 +92,8 @@ def eval_command(
         Literal["single", "tools", "command"] | None, typer.Option(help="Override the harness.")
     ] = None,
     runtime: Annotated[
-        Literal["local", "subprocess", "docker"] | None, typer.Option(help="Override the runtime.")
+        Literal["auto", "sandbox", "local", "subprocess", "docker"] | None,
+        typer.Option(help="Override the runtime."),
     ] = None,
     mode: Annotated[
         Literal["eval", "train"] | None,

@@ -20,7 +20,7 @@ from rlbus.launch.local_sink import LocalSink, local_sink
 from rlbus.producers.environment import Environment
 from rlbus.producers.eval_report import Report, eval_report, latest_run, scored_tasks
 from rlbus.producers.evaluation import EvalPipeline, Tally
-from rlbus.producers.interception import InterceptionServer, make_backend
+from rlbus.producers.interception import InterceptionServer
 from rlbus.producers.rollouts import RolloutRunner
 from rlbus.schemas import TaskPublished, derived_id
 
@@ -60,7 +60,7 @@ async def _evaluate(
 ) -> Tally:
     async with (
         Bus.of(settings) as bus,
-        InterceptionServer(make_backend(env.config.model), env.config.sampling) as server,
+        InterceptionServer.of(env.config) as server,
     ):
         return await EvalPipeline(RolloutRunner(env, server), bus, on_group).run(tasks)
 
