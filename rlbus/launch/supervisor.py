@@ -105,8 +105,9 @@ class LocalRun:
         envs_dir = self.run_dir / "envs"
         for name, entry in self.cfg.envs.items():
             path = env_file(entry, name, self.config_path.parent, envs_dir, self.cfg.model, url)
+            run_envs = ",".join(self.cfg.envs)
             for _ in range(entry.producers):
-                self._start("env", base, [str(path)])
+                self._start("env", base, [str(path), "--run-envs", run_envs])
             for _ in range(entry.judges):
                 self._start("judge", base, [str(path)])
         # Roles that run until stopped, so any exit is a failure (the trainer may end at max_steps).
