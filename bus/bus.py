@@ -16,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, overload
 
 from rlbus.bus.claim_check import ClaimStore
 from rlbus.bus.health import quiet_kafka_client, watch_broker
+from rlbus.bus.ledger import write_ledger
 from rlbus.bus.messages import Headers
 from rlbus.bus.publisher import Publisher, Topics
 from rlbus.bus.subscribers import BatchHandler, BatchSubscriber, EventHandler, EventSubscriber
@@ -73,6 +75,8 @@ class Bus:
                 log.warning(
                     "the bus did not close within %gs (is the broker gone?)", STOP_TIMEOUT_S
                 )
+        if self.kafka.ack_ledger and self.publisher.acked:
+            write_ledger(Path(self.kafka.ack_ledger), self.publisher.acked)
 
     async def __aenter__(self) -> Bus:
         return await self.start()

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.live import Live
 
 from rlbus.bus import EmbeddedBroker, free_port
+from rlbus.bus.store import open_store
 from rlbus.bus.waiting import wait_for
 from rlbus.clients.inference import healthy
 from rlbus.config import Settings, data_dir
@@ -23,6 +24,7 @@ from rlbus.discovery import local_broker, reachable, store_served_elsewhere
 from rlbus.launch.dashboard import FINAL_STEP, Dashboard
 from rlbus.launch.env_files import env_file
 from rlbus.launch.local_sink import LocalSink
+from rlbus.launch.losses import unstored
 from rlbus.launch.processes import RoleProcess, alive
 
 
@@ -54,6 +56,18 @@ class LocalRun:
         self.processes: list[RoleProcess] = []
         self.broker: EmbeddedBroker | None = None
         """The embedded broker this run started (None: a configured or announced one)."""
+        self.started = time.time()
+        """When this launch began: what the store holds from before belongs to earlier ones."""
+
+    @property
+    def acks(self) -> Path:
+        """Where this launch's processes write what the broker acknowledged (bus.ledger)."""
+        return self.run_dir / "acks" / f"{self.started:.0f}"
+
+    def unstored(self) -> dict[str, int]:
+        """After the broker died and the roles stopped: what it took with it, per topic."""
+        with open_store(self.cfg.store.url, read_only=True) as store:
+            return unstored(store, self.acks, self.cfg.kafka.topic_prefix, self.started)
 
     def _check_broker(self, address: str) -> None:
         """Raise BrokerLost when the run's broker is gone."""
@@ -68,8 +82,13 @@ class LocalRun:
 
     def run(self, timeout_s: float = 600) -> int:
         """Returns the orchestrator's exit code (0: max_steps reached and evaluated)."""
+        self.started = time.time()
         with local_broker(self.cfg.base()) as (base, broker):
             self.broker = broker
+            ledger = str(self.acks)
+            base = base.model_copy(
+                update={"kafka": base.kafka.model_copy(update={"ack_ledger": ledger})}
+            )
             self.console.print(
                 f"broker {base.kafka.bootstrap_servers} · store {base.store.url} · "
                 f"logs {self.run_dir / 'logs'}"

@@ -151,3 +151,37 @@ def test_roles_report_a_dead_broker_in_one_line_and_still_stop_promptly(tmp_path
     finally:
         sink.kill() if sink.alive() else None
         broker.stop()
+
+
+async def test_what_a_dead_broker_took_is_counted_exactly(tmp_path: Path) -> None:
+    """Every process writes what the broker acknowledged to it; what the sink stored is in the
+    store's kafka_offset columns: a dead embedded broker's loss is the difference, per topic."""
+    from rlbus.bus.store import open_store
+    from rlbus.consumers.sink import run_sink
+    from rlbus.launch.losses import unstored
+
+    started = time.time()
+    with EmbeddedBroker() as broker:
+        settings = load_settings(
+            overrides={
+                "kafka": {
+                    "bootstrap_servers": broker.bootstrap_servers,
+                    "ack_ledger": str(tmp_path / "acks"),
+                },
+                "store": {"url": f"chdb://{tmp_path / 'store'}", "flush_interval_s": 0.2},
+                "claim_check": {"url": str(tmp_path / "claims")},
+            }
+        )
+        tasks = [TaskPublished(task_id=f"t{i}", env="e", prompt="p") for i in range(30)]
+        await publish(settings, *tasks[:20])
+        with open_store(settings.store.url) as store:
+            stop = asyncio.Event()
+            sink = asyncio.create_task(run_sink(settings, store, stop))
+            count = "SELECT count() FROM tasks FINAL"
+            while store.query(count).rows[0][0] < 20:
+                await asyncio.sleep(0.2)
+            stop.set()
+            await sink
+            await publish(settings, *tasks[20:])  # acknowledged, never stored: the broker "dies"
+            lost = unstored(store, tmp_path / "acks", settings.kafka.topic_prefix, started)
+    assert lost == {"tasks": 10}
