@@ -39,6 +39,10 @@ class Holds:
         else:
             held.pop(offset, None)
 
+    def offsets(self, topic: str, partition: int) -> list[int]:
+        """Every held offset of a partition, in order."""
+        return sorted(self._held.get((topic, partition), ()))
+
     def oldest(self, topic: str, partition: int) -> int | None:
         """The oldest held offset of a partition, if any."""
         held = self._held.get((topic, partition))
@@ -56,6 +60,16 @@ class Offsets:
         self.holds = Holds()
         self._next: dict[TopicPartition, int] = {}
         """Next offset to read, per partition, after the messages taken so far."""
+
+    def unfinished(self) -> list[tuple[TopicPartition, int, list[int]]]:
+        """(partition, next offset to take, offsets still held below it) for every partition
+        whose commit stops short of what was taken."""
+        out = []
+        for tp, next_offset in self._next.items():
+            held = self.holds.offsets(tp.topic[len(self.prefix) :], tp.partition)
+            if held:
+                out.append((tp, next_offset, held))
+        return out
 
     def taken(self, polled: Polled) -> None:
         for tp, records in polled.items():

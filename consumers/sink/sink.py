@@ -42,7 +42,7 @@ def storable(deliveries: list[Delivery]) -> tuple[pa.Table, list[Delivery]]:
     cannot be converted to its columns is rejected (dead-lettered) with the reason, alone."""
     try:
         return _block(deliveries), deliveries
-    except Exception:
+    except Exception:  # find which event it was, one at a time
         pass
     good = []
     for d in deliveries:

@@ -194,3 +194,44 @@ async def test_a_restarted_inference_worker_serves_the_runs_weights_before_anyth
     assert seen[-1] == (200, 3), seen
     assert all(code == 503 for code, _ in seen[:-1])
     assert generated["policy_version"] == 3
+
+
+async def test_a_restarted_event_subscriber_runs_only_what_it_had_not_finished(
+    settings: Settings,
+) -> None:
+    """One slow event keeps its partition's commit back while twenty quick ones after it finish
+    (an env producer's long rollout): after a restart only the slow one runs again. On main the
+    twenty ran again too, under the same output ids with new content."""
+    from rlbus.schemas import RolloutCompleted
+
+    async with Bus.of(settings) as bus:
+        await bus.publish_many(
+            [
+                RolloutCompleted(rollout_id=str(i), group_id="g", task_id="t", env="e")
+                for i in range(21)
+            ]
+        )  # one key: one partition, in order
+        first: list[str] = []
+        stop = asyncio.Event()
+
+        async def stuck_on_three(d: Delivery) -> None:
+            if d.event.rollout_id == "3":  # type: ignore[attr-defined]
+                await asyncio.Event().wait()
+            first.append(d.event.rollout_id)  # type: ignore[attr-defined]
+            if len(first) == 20:
+                stop.set()
+
+        consume = bus.subscriber("rollouts", group="env", concurrency=4)(stuck_on_three)
+        await asyncio.wait_for(consume.run(stop), 60)
+        again: list[str] = []
+        stop_again = asyncio.Event()
+
+        async def record(d: Delivery) -> None:
+            again.append(d.event.rollout_id)  # type: ignore[attr-defined]
+            stop_again.set()
+
+        restarted = bus.subscriber("rollouts", group="env", concurrency=4)(record)
+        await asyncio.wait_for(restarted.run(stop_again), 60)
+        await asyncio.sleep(1)  # anything else would have come by now
+    assert sorted(first, key=int) == [str(i) for i in range(21) if i != 3]
+    assert again == ["3"]
