@@ -37,8 +37,8 @@ def broker(ctx: typer.Context, config: ConfigOption = None) -> None:
     with local_broker(settings) as (live, started):
         assert started is not None
         console.print(
-            f"embedded broker listening; bootstrap servers: "
-            f"[bold]{live.kafka.bootstrap_servers}[/bold] (Tansu process {started.pid})"
+            f"embedded broker (Tansu process {started.pid}) listening; bootstrap servers: "
+            f"[bold]{live.kafka.bootstrap_servers}[/bold]"
         )
         console.print("Ctrl-C to stop")
         while not stopping.wait(1.0):
