@@ -13,16 +13,26 @@ stamped on what it publishes.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, overload
 
 from rlbus.bus.claim_check import ClaimStore
+from rlbus.bus.health import quiet_kafka_client, watch_broker
+from rlbus.bus.ledger import write_ledger
 from rlbus.bus.messages import Headers
 from rlbus.bus.publisher import Publisher, Topics
 from rlbus.bus.subscribers import BatchHandler, BatchSubscriber, EventHandler, EventSubscriber
 from rlbus.config import ClaimCheckConfig, KafkaConfig, Settings
 from rlbus.schemas import Event
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 5.0
+"""Longest wait for the producer, consumers and admin client to close."""
 
 
 class Bus:
@@ -37,6 +47,7 @@ class Bus:
         self.claims = ClaimStore(claim_check.url, claim_check.threshold_bytes)
         self.topics = Topics(kafka)
         self.publisher = Publisher(kafka, self.topics, self.claims, run_id)
+        self._watch: asyncio.Task[None] | None = None
 
     @classmethod
     def of(cls, settings: Settings) -> Bus:
@@ -44,13 +55,28 @@ class Bus:
         return cls(settings.kafka, settings.claim_check, settings.run_id)
 
     async def start(self) -> Bus:
+        quiet_kafka_client()
         await self.publisher.start()
         await self.topics.start()
+        self._watch = asyncio.create_task(
+            watch_broker(self.kafka.bootstrap_servers or "", self.run_id)
+        )
         return self
 
     async def stop(self) -> None:
-        await self.publisher.stop()
-        await self.topics.stop()
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        # Bounded: with the broker gone, flushing and closing would wait out every retry.
+        for closing in (self.publisher.stop(), self.topics.stop()):
+            try:
+                await asyncio.wait_for(closing, STOP_TIMEOUT_S)
+            except TimeoutError:
+                log.warning(
+                    "the bus did not close within %gs (is the broker gone?)", STOP_TIMEOUT_S
+                )
+        if self.kafka.ack_ledger and self.publisher.acked:
+            write_ledger(Path(self.kafka.ack_ledger), self.publisher.acked)
 
     async def __aenter__(self) -> Bus:
         return await self.start()
@@ -97,8 +123,9 @@ class Bus:
         """A decorator making a handler a consumer-group member of `group` on `topics`
         (unprefixed). `batch=True`: the handler takes every delivery of a poll
         (`batch_rows`, `batch_wait_s`); else one delivery, up to `concurrency` at once. Both
-        take `max_records`, `poll_timeout_ms`, `dedup` (drop redelivered event ids) and
-        `on_error` ("dead_letter" or "stop")."""
+        take `max_records`, `poll_timeout_ms`, `dedup` (drop redelivered event ids),
+        `on_error` ("dead_letter" or "stop") and `run` (handle only that run's events; others
+        are counted in the subscriber's `other_runs` and committed past)."""
 
         def make(handler: Any) -> BatchSubscriber | EventSubscriber:
             kind = BatchSubscriber if batch else EventSubscriber

@@ -4,6 +4,7 @@ whose handling was not finished, and nothing before it (at least once, never a g
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter, defaultdict
 
@@ -14,6 +15,10 @@ from aiokafka.structs import OffsetAndMetadata
 log = logging.getLogger(__name__)
 
 Polled = dict[TopicPartition, list[ConsumerRecord]]
+
+COMMIT_TIMEOUT_S = 5.0
+"""Longest wait for a commit: past it the broker is gone or stuck, and the commit is given up
+(what it would have passed is redelivered) rather than holding up a stopping role."""
 
 
 class Holds:
@@ -34,6 +39,10 @@ class Holds:
         else:
             held.pop(offset, None)
 
+    def offsets(self, topic: str, partition: int) -> list[int]:
+        """Every held offset of a partition, in order."""
+        return sorted(self._held.get((topic, partition), ()))
+
     def oldest(self, topic: str, partition: int) -> int | None:
         """The oldest held offset of a partition, if any."""
         held = self._held.get((topic, partition))
@@ -52,6 +61,16 @@ class Offsets:
         self._next: dict[TopicPartition, int] = {}
         """Next offset to read, per partition, after the messages taken so far."""
 
+    def unfinished(self) -> list[tuple[TopicPartition, int, list[int]]]:
+        """(partition, next offset to take, offsets still held below it) for every partition
+        whose commit stops short of what was taken."""
+        out = []
+        for tp, next_offset in self._next.items():
+            held = self.holds.offsets(tp.topic[len(self.prefix) :], tp.partition)
+            if held:
+                out.append((tp, next_offset, held))
+        return out
+
     def taken(self, polled: Polled) -> None:
         for tp, records in polled.items():
             self._next[tp] = records[-1].offset + 1
@@ -69,7 +88,10 @@ class Offsets:
         if not commit:
             return
         try:
-            await self.consumer.commit(commit)
+            await asyncio.wait_for(self.consumer.commit(commit), COMMIT_TIMEOUT_S)
+        except TimeoutError:
+            # The broker is gone or stuck: the messages stay uncommitted and are redelivered.
+            log.warning("commit of group %s timed out after %gs", self.group, COMMIT_TIMEOUT_S)
         except CommitFailedError:
             # A rebalance moved these partitions away meanwhile; their new owner redelivers
             # from the last commit, and handling is idempotent.

@@ -12,7 +12,7 @@ from aiokafka import ConsumerRecord
 from rlbus.bus import telemetry
 from rlbus.bus.claim_check import HEADER as CLAIM_HEADER
 from rlbus.bus.claim_check import ClaimStore, ClaimStub
-from rlbus.schemas import Event, codec, derived_id, key_of, topic_of
+from rlbus.schemas import Event, codec, key_of, topic_of
 
 CONTENT_TYPE = "content-type"
 KIND = "rlbus-kind"
@@ -45,19 +45,12 @@ def to_message(event: Event, claims: ClaimStore) -> Message:
     return Message(topic, key_of(event), value, headers)
 
 
-def from_record(topic: str, record: ConsumerRecord, claims: ClaimStore, prefixed: str) -> Event:
-    """Decode a consumed record of `topic` (unprefixed; `prefixed` is its name on the broker).
-    Raises with a reason a person can act on (schemas.DecodeError, or the claim store's)."""
+def from_record(topic: str, record: ConsumerRecord, claims: ClaimStore) -> Event:
+    """Decode a consumed record of `topic` (unprefixed). Raises with a reason a person can act
+    on (schemas.DecodeError, or the claim store's)."""
     headers = dict(record.headers or ())
     raw = record.value or b""
     if CLAIM_HEADER in headers:
         raw = claims.get(headers[CLAIM_HEADER].decode())
     content_type = headers.get(CONTENT_TYPE)
-    return codec.decode(
-        topic,
-        raw,
-        content_type.decode() if content_type else None,
-        # A JSON event from an outside client may carry no id: derive one from its
-        # position, so a redelivery of the same message keeps the same id.
-        fallback_event_id=lambda: derived_id(prefixed, record.partition, record.offset),
-    )
+    return codec.decode(topic, raw, content_type.decode() if content_type else None)

@@ -12,7 +12,8 @@ from aiokafka import ConsumerRecord
 from opentelemetry.trace import SpanKind
 
 from rlbus.bus import telemetry
-from rlbus.schemas import DeadLetter, derived_id
+from rlbus.schemas import DeadLetter
+from rlbus.schemas.ids import record_id
 
 if TYPE_CHECKING:
     from rlbus.bus.subscribers import Delivery
@@ -45,17 +46,17 @@ class DeadLetters:
         self.pending: list[DeadLetter] = []
 
     def add(self, topic: str, record: ConsumerRecord, error: str) -> None:
+        raw = record.value or b""
+        where = ("dlq", self.group, self.prefix + topic, record.partition, record.offset)
         self.pending.append(
             DeadLetter(
-                event_id=derived_id(
-                    "dlq", self.group, self.prefix + topic, record.partition, record.offset
-                ),
+                event_id=record_id(*where, timestamp=record.timestamp, raw=raw),
                 origin_topic=topic,
                 origin_partition=record.partition,
                 origin_offset=record.offset,
                 consumer_group=self.group,
                 error=error,
-                raw=record.value or b"",
+                raw=raw,
                 key=record.key or b"",
             )
         )

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.structs import RecordMetadata
 from opentelemetry.trace import SpanKind
 
 from rlbus.bus import telemetry
@@ -68,6 +69,9 @@ class Publisher:
         self.claims = claims
         self.run_id = run_id
         self._producer: AIOKafkaProducer | None = None
+        self.acked: dict[tuple[str, int], int] = {}
+        """The highest offset the broker acknowledged, per (topic, partition): what it had
+        taken from this process (counted against the store when an embedded broker dies)."""
 
     async def start(self) -> None:
         self._producer = AIOKafkaProducer(
@@ -107,7 +111,8 @@ class Publisher:
                 )
             futures.append(sent)
         if futures:
-            await asyncio.gather(*futures)
+            for meta in await asyncio.gather(*futures):
+                self._acked(meta)
 
     async def publish_raw(
         self, topic: str, value: bytes, key: bytes | None = None, headers: Headers | None = None
@@ -115,4 +120,11 @@ class Publisher:
         """Publish bytes as they are (tests, bridges); `topic` is unprefixed."""
         producer = self._started()
         await self.topics.ensure([topic])
-        await producer.send_and_wait(self.topics.name(topic), value, key=key, headers=headers or [])
+        meta = await producer.send_and_wait(
+            self.topics.name(topic), value, key=key, headers=headers or []
+        )
+        self._acked(meta)
+
+    def _acked(self, meta: RecordMetadata) -> None:
+        key = (meta.topic, meta.partition)
+        self.acked[key] = max(self.acked.get(key, -1), meta.offset)

@@ -17,19 +17,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from rlbus.bus.commits import Holds, Offsets, Polled
+from rlbus.bus import progress
+from rlbus.bus.commits import COMMIT_TIMEOUT_S, Holds, Offsets, Polled
 from rlbus.bus.messages import from_record
 from rlbus.bus.middleware import DeadLetters, SeenIds, traced
+from rlbus.bus.progress import Progress
 from rlbus.schemas import BY_NAME, Event
 
 if TYPE_CHECKING:
     from rlbus.bus.bus import Bus
+
+STOP_TIMEOUT_S = COMMIT_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,14 @@ class Delivery:
     key: bytes | None = None
     headers: Sequence[tuple[str, bytes]] = field(default_factory=tuple)
     holds: Holds | None = None
+    record: ConsumerRecord | None = None
+    dead: DeadLetters | None = None
+
+    def reject(self, reason: str) -> None:
+        """Dead-letter this message with `reason` (it is bad, not the handler): it is committed
+        past like a handled one, and published to `dlq` with that commit."""
+        if self.dead is not None and self.record is not None:
+            self.dead.add(self.topic, self.record, reason)
 
     def hold(self) -> None:
         """Keep this message uncommitted after the handler returns, until `release()`."""
@@ -84,6 +97,7 @@ class Subscriber(Generic[H]):
         poll_timeout_ms: int = 200,
         dedup: bool = True,
         on_error: OnError = "dead_letter",
+        run: str | None = None,
     ):
         unknown = [t for t in topics if t not in BY_NAME]
         if unknown:
@@ -95,7 +109,13 @@ class Subscriber(Generic[H]):
         self.max_records = max_records or bus.kafka.fetch_max_records
         self.poll_timeout_ms = poll_timeout_ms
         self.seen = SeenIds() if dedup else None
+        self.finished_before: dict[TopicPartition, Progress] = {}
+        """What an earlier member of the group finished past its commits (event subscribers)."""
         self.on_error = on_error
+        self.serves = run
+        """The run whose events this subscriber handles (None: every run's)."""
+        self.other_runs: Counter[str] = Counter()
+        """Events of other runs than `serves`, skipped (committed past, never handled), by run."""
         prefix = bus.kafka.topic_prefix
         self.dead = DeadLetters(group, prefix)
 
@@ -118,7 +138,10 @@ class Subscriber(Generic[H]):
         try:
             await self._consume(consumer, offsets, stop)
         finally:
-            await consumer.stop()
+            try:
+                await asyncio.wait_for(consumer.stop(), STOP_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("consumer of %s did not stop within %gs", self.group, STOP_TIMEOUT_S)
 
     async def _consume(
         self, consumer: AIOKafkaConsumer, offsets: Offsets, stop: asyncio.Event
@@ -133,22 +156,48 @@ class Subscriber(Generic[H]):
         prefix = self.bus.kafka.topic_prefix
         for tp, records in polled.items():
             topic = tp.topic[len(prefix) :]
+            done = self.finished_before.get(tp)
             for record in records:
+                if done is not None and done.finished(record.offset):
+                    skipped = True  # handled before a restart: its outputs are published
+                    continue
                 try:
-                    event = from_record(topic, record, self.bus.claims, tp.topic)
-                except Exception as exc:
+                    event = from_record(topic, record, self.bus.claims)
+                except Exception as exc:  # whatever stops a decode makes a dead letter
                     self.dead.add(topic, record, f"decode: {exc}")
                     skipped = True
                     continue
                 if self.seen is not None and not self.seen.add(event.event_id):
                     skipped = True
                     continue
+                if self.serves is not None and event.run_id != self.serves:
+                    self._other_run(event)
+                    skipped = True
+                    continue
                 headers = tuple(record.headers or ())
                 delivery = Delivery(
-                    event, topic, record.partition, record.offset, record.key, headers, holds
+                    event,
+                    topic,
+                    record.partition,
+                    record.offset,
+                    record.key,
+                    headers,
+                    holds,
+                    record,
+                    self.dead,
                 )
                 good.append((record, delivery))
         return good, skipped
+
+    def _other_run(self, event: Event) -> None:
+        if not self.other_runs[event.run_id]:
+            log.info(
+                "group %s serves run %r: skipping events of run %r (counted, not handled)",
+                self.group,
+                self.serves,
+                event.run_id,
+            )
+        self.other_runs[event.run_id] += 1
 
     async def _commit(self, offsets: Offsets) -> None:
         """Publish the dead letters (their messages are among those committed), then commit."""
@@ -266,12 +315,38 @@ class EventSubscriber(Subscriber[EventHandler]):
         super().__init__(bus, topics, group, traced(handler), **options)  # type: ignore[arg-type]
         self.concurrency = concurrency
 
+    async def _commit(self, offsets: Offsets) -> None:
+        """Also record, per partition, what is still running below what was taken (bus.progress),
+        before the commit that stops short of it."""
+        for tp, upto, unfinished in offsets.unfinished():
+            entry = Progress(self.group, tp.topic, tp.partition, upto, unfinished)
+            await self.bus.publish_raw(
+                progress.TOPIC, progress.encode(entry), key=progress.key(self.group, tp)
+            )
+        await super()._commit(offsets)
+
+    async def _load_progress(self, consumer: AIOKafkaConsumer) -> None:
+        """On start and when handed partitions: what earlier members finished past the commits."""
+        assigned = consumer.assignment()
+        if assigned and not assigned <= self._loaded:
+            self.finished_before = await progress.latest(self.bus, self.group)
+            self._loaded = set(assigned)
+
     async def _consume(
         self, consumer: AIOKafkaConsumer, offsets: Offsets, stop: asyncio.Event
     ) -> None:
         running: set[asyncio.Task[None]] = set()
         finished = False
         """Something settled since the last commit: the commit can move on."""
+        committing = asyncio.Lock()
+        self._loaded: set[TopicPartition] = set()
+
+        async def commit() -> None:
+            nonlocal finished
+            async with committing:
+                if finished:
+                    finished = False
+                    await self._commit(offsets)
 
         async def run(record: ConsumerRecord, d: Delivery) -> None:
             nonlocal finished
@@ -285,19 +360,19 @@ class EventSubscriber(Subscriber[EventHandler]):
             # never passes it and the event is redelivered.
             offsets.holds.discard(d.topic, d.partition, d.offset)
             finished = True
+            # At once, not at the next poll: a crash in between would run this event again.
+            await commit()
 
         async def settle() -> None:
-            nonlocal finished
             for task in [t for t in running if t.done()]:
                 running.discard(task)
                 task.result()  # on_error="stop": stop the consumer, uncommitted
-            if finished:
-                finished = False
-                await self._commit(offsets)
+            await commit()
 
         try:
             while not stop.is_set():
                 await settle()
+                await self._load_progress(consumer)
                 free = self.concurrency - len(running)
                 if free <= 0:
                     timeout = self.poll_timeout_ms / 1000

@@ -39,6 +39,11 @@ class RolloutOutput:
         return [*self.nodes, *self.tokens, self.rollout]
 
 
+def rollout_id_of(group_id: str, run_id: str, sample_index: int) -> str:
+    """A rollout's id: its group (the task event), the run producing it, and its sample."""
+    return derived_id(group_id, run_id, "rollout", sample_index)
+
+
 def _failure(exc: BaseException, timeout_s: float) -> tuple[str, str]:
     if isinstance(exc, HarnessError):
         return exc.kind, str(exc)
@@ -68,7 +73,7 @@ class RolloutRunner:
         self, task: TaskPublished, group_id: str, sample_index: int, group_size: int
     ) -> RolloutOutput:
         env = self.env
-        rollout_id = derived_id(group_id, "rollout", sample_index)
+        rollout_id = rollout_id_of(group_id, task.run_id, sample_index)
         prompt = env.taskset.messages(task)
         status, kind, error, completion = "ok", "", "", []
         state: dict = {}

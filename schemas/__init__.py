@@ -19,7 +19,7 @@ from rlbus.schemas.events import (
     WeightVersion,
 )
 from rlbus.schemas.ids import derived_id, group_id_of, uuid7
-from rlbus.schemas.topics import BY_NAME, TOPICS, Topic, key_of, topic_of
+from rlbus.schemas.topics import BY_NAME, TOPICS, Topic, group_of, key_of, topic_of
 
 __all__ = [
     "BY_NAME",
@@ -45,6 +45,7 @@ __all__ = [
     "derived_id",
     "group_id_of",
     "encode",
+    "group_of",
     "key_of",
     "topic_of",
     "uuid7",

@@ -1,14 +1,18 @@
-"""Bytes <-> events. msgpack on the bus; JSON accepted where a topic allows outside clients."""
+"""Bytes <-> events. msgpack on the bus; JSON accepted where a topic allows outside clients.
+
+Every refusal is a DecodeError whose message says what was wrong in words a sender can act on
+(it becomes the dead letter's reason)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
 from functools import cache
 from typing import Any, Union
 
 import msgspec
 
-from rlbus.schemas.events import Event
+from rlbus.schemas.events import DEFAULT_RUN, SCHEMA_VERSION, Event, TaskPublished
+from rlbus.schemas.ids import task_event_id
 from rlbus.schemas.topics import BY_NAME, Topic
 
 MSGPACK = "application/msgpack"
@@ -25,6 +29,14 @@ def encode(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
+def digest(event: Event) -> int:
+    """A 64-bit digest of what an event says: every field but `ts`, so a consumer that
+    re-handles its input and re-publishes the same result under the same id (with a fresh
+    timestamp) produces the same digest, and different content under one id does not."""
+    content = _encoder.encode(msgspec.structs.replace(event, ts=0.0))
+    return int.from_bytes(hashlib.blake2b(content, digest_size=8).digest(), "little")
+
+
 def _kind_type(topic: Topic) -> Any:
     return topic.kinds[0] if len(topic.kinds) == 1 else Union[topic.kinds]  # noqa: UP007
 
@@ -35,39 +47,60 @@ def _msgpack_decoder(topic_name: str) -> msgspec.msgpack.Decoder:
 
 
 def sniff_json(raw: bytes) -> bool:
-    return raw[:1] in (b"{", b" ", b"\n", b"\t", b"\r")
+    """Whether unlabelled bytes look like JSON text rather than msgpack (an rlbus event in
+    msgpack starts with a map header, never with these)."""
+    return raw.lstrip()[:1] in (b"{", b"[", b'"') or raw[:1] in (b" ", b"\n", b"\t", b"\r")
 
 
-def decode(
-    topic_name: str,
-    raw: bytes,
-    content_type: str | None = None,
-    fallback_event_id: Callable[[], str] | None = None,
-) -> Event:
+def _looks_like_text(raw: bytes) -> bool:
+    try:
+        text = raw[:256].decode()
+    except UnicodeDecodeError:
+        return False
+    return all(c.isprintable() or c in "\r\n\t" for c in text)
+
+
+def _json_event(topic: Topic, raw: bytes) -> Event:
+    if not topic.accepts_json:
+        raise DecodeError(f"topic {topic.name!r} takes msgpack events only, got JSON")
+    obj = msgspec.json.decode(raw)
+    if not isinstance(obj, dict):
+        raise DecodeError(f"a JSON event must be an object, got a JSON {type(obj).__name__}")
+    if TaskPublished in topic.kinds:
+        # An outside client's task may name no run and carry no id: it belongs to the default
+        # run, and its id is its natural key, so sending the same task again collapses.
+        obj.setdefault("run_id", DEFAULT_RUN)
+        if "event_id" not in obj and isinstance(obj.get("task_id"), str | int):
+            obj["event_id"] = task_event_id(obj["run_id"], obj.get("env", ""), str(obj["task_id"]))
+    return msgspec.convert(obj, _kind_type(topic))
+
+
+def decode(topic_name: str, raw: bytes, content_type: str | None = None) -> Event:
     """Decode a message of `topic_name`.
 
-    JSON is taken when the content-type says so or, with no content-type, when the
-    bytes look like a JSON object, but only on topics that accept outside clients.
-    `fallback_event_id` names a JSON event that carries no `event_id` (called only then):
-    it should derive the id from the message's position so that a redelivery gets the same id.
+    JSON is taken when the content-type says so or, with no content-type, when the bytes look
+    like JSON, but only on topics that accept outside clients. Events of a newer schema than
+    this code reads are refused.
     """
     topic = BY_NAME.get(topic_name)
     if topic is None:
         raise DecodeError(f"unknown topic {topic_name!r}; known: {sorted(BY_NAME)}")
     is_json = content_type == JSON or (content_type is None and sniff_json(raw))
     try:
-        if not is_json:
-            return _msgpack_decoder(topic_name).decode(raw)
-        if not topic.accepts_json:
-            raise DecodeError(f"topic {topic_name!r} takes msgpack events only, got JSON")
-        obj = msgspec.json.decode(raw)
-        if not isinstance(obj, dict):
-            raise DecodeError(f"a JSON event must be an object, got {type(obj).__name__}")
-        if fallback_event_id is not None and "event_id" not in obj:
-            obj["event_id"] = fallback_event_id()
-        return msgspec.convert(obj, _kind_type(topic))
+        event = _json_event(topic, raw) if is_json else _msgpack_decoder(topic_name).decode(raw)
     except msgspec.ValidationError as exc:
+        if not is_json and content_type is None and _looks_like_text(raw):
+            raise DecodeError(
+                f"not an event on {topic_name!r}: the message is text ({raw[:40]!r}), neither an "
+                f"rlbus msgpack event nor a JSON object"
+            ) from exc
         raise DecodeError(f"invalid {topic_name!r} event: {exc}") from exc
     except msgspec.DecodeError as exc:
         fmt = "JSON" if is_json else "msgpack"
         raise DecodeError(f"undecodable {fmt} on {topic_name!r}: {exc}") from exc
+    if event.schema_version > SCHEMA_VERSION:
+        raise DecodeError(
+            f"{type(event).__name__} {event.event_id} has schema_version {event.schema_version}; "
+            f"this rlbus reads up to {SCHEMA_VERSION} (upgrade the consumer)"
+        )
+    return event

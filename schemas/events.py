@@ -9,12 +9,26 @@ newer producers are ignored on decode.
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 
 from rlbus.schemas.ids import uuid7
 from rlbus.schemas.packed import LogProbs, Mask, TokenIds
+
+SCHEMA_VERSION = 1
+"""The newest event schema this code reads and writes. An event of a newer version is refused
+(dead-lettered, naming both versions) rather than read as this one with its new fields lost."""
+
+DEFAULT_RUN = "default"
+"""The run of events that name none (e.g. JSON tasks from outside clients)."""
+
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+"""Every integer fits its Int64 column: a larger one is refused when decoded, not at insert."""
+Timestamp = Annotated[float, msgspec.Meta(ge=0, le=1e10)]
+"""Unix seconds, up to the year 2286 (what DateTime64(6) stores)."""
+GroupSize = Annotated[int, msgspec.Meta(ge=0, le=2**16)]
+"""Rollouts per task; environments bound it further (EnvConfig.max_group_size)."""
 
 Messages = list[dict[str, Any]]
 """Chat messages in OpenAI form ({"role": ..., "content": ...}); stored as JSON."""
@@ -27,8 +41,8 @@ class Event(msgspec.Struct, tag_field="kind", tag=True, kw_only=True):
     order_by: ClassVar[tuple[str, ...]] = ("event_id",)
 
     event_id: str = msgspec.field(default_factory=uuid7)
-    schema_version: int = 1
-    ts: float = msgspec.field(default_factory=time.time)
+    schema_version: int = SCHEMA_VERSION
+    ts: Timestamp = msgspec.field(default_factory=time.time)
     run_id: str = ""
 
 
@@ -43,7 +57,7 @@ class TaskPublished(Event, kw_only=True):
     prompt: Messages | str
     answer: str = ""
     info: dict[str, Any] = {}
-    group_size: int = 0
+    group_size: GroupSize = 0
     """Rollouts to run for this task; 0 means the environment's configured default."""
     split: str = "train"
 
@@ -55,8 +69,8 @@ class RolloutEvent(Event, kw_only=True):
     group_id: str
     task_id: str
     env: str
-    sample_index: int = 0
-    group_size: int = 1
+    sample_index: Int64 = 0
+    group_size: Int64 = 1
 
 
 class RolloutCompleted(RolloutEvent, kw_only=True):
@@ -75,11 +89,11 @@ class RolloutCompleted(RolloutEvent, kw_only=True):
     error_kind: str = ""
     model: str = ""
     harness: str = ""
-    num_turns: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    min_policy_version: int = 0
-    max_policy_version: int = 0
+    num_turns: Int64 = 0
+    prompt_tokens: Int64 = 0
+    completion_tokens: Int64 = 0
+    min_policy_version: Int64 = 0
+    max_policy_version: Int64 = 0
     duration_s: float = 0.0
 
 
@@ -93,14 +107,14 @@ class TraceNode(Event, kw_only=True):
     rollout_id: str
     parent_id: str = ""
     branch_id: str = "main"
-    index: int = 0
+    index: Int64 = 0
     role: str = ""
     message: dict[str, Any] = {}
     token_ids: TokenIds = b""
     """Tokens this node adds to its branch's context (the delta over its parent)."""
     sampled: bool = False
     """True when token_ids were sampled by the policy (they carry loss), False for context."""
-    call_index: int = -1
+    call_index: Int64 = -1
 
 
 class TokenRecord(Event, kw_only=True):
@@ -111,13 +125,13 @@ class TokenRecord(Event, kw_only=True):
 
     rollout_id: str
     group_id: str = ""
-    call_index: int = 0
+    call_index: Int64 = 0
     node_id: str = ""
     model: str = ""
     prompt_ids: TokenIds = b""
     completion_ids: TokenIds = b""
     logprobs: LogProbs = b""
-    policy_version: int = 0
+    policy_version: Int64 = 0
     finish_reason: str = ""
     duration_s: float = 0.0
     """Seconds the model call took (the backend's answer, not the harness around it); `ts` is
@@ -136,8 +150,8 @@ class RolloutScored(RolloutEvent, kw_only=True):
     metrics: dict[str, float] = {}
     status: str = "ok"
     error: str = ""
-    policy_version: int = 0
-    completion_tokens: int = 0
+    policy_version: Int64 = 0
+    completion_tokens: Int64 = 0
 
 
 class TrainSample(msgspec.Struct, kw_only=True):
@@ -150,7 +164,7 @@ class TrainSample(msgspec.Struct, kw_only=True):
     """Per-token advantages, float32 packed like log-probs."""
     inference_logprobs: LogProbs
     teacher_logprobs: LogProbs = b""
-    policy_version: int = 0
+    policy_version: Int64 = 0
     temperature: float = 1.0
 
 
@@ -161,14 +175,14 @@ class TrainBatch(Event, kw_only=True):
     order_by = ("batch_id", "event_id")
 
     batch_id: str
-    step: int
+    step: Int64
     samples: list[TrainSample] = []
     algorithm: str = "grpo"
     loss: str = ""
-    num_tokens: int = 0
-    min_policy_version: int = 0
-    max_policy_version: int = 0
-    dropped_stale: int = 0
+    num_tokens: Int64 = 0
+    min_policy_version: Int64 = 0
+    max_policy_version: Int64 = 0
+    dropped_stale: Int64 = 0
     """Samples the orchestrator left out of this batch: sampled more than max_off_policy_steps
     versions before the policy this batch trains."""
     metrics: dict[str, float] = {}
@@ -182,11 +196,11 @@ class WeightVersion(Event, kw_only=True):
     table = "weight_versions"
     order_by = ("version", "event_id")
 
-    version: int
-    step: int = 0
+    version: Int64
+    step: Int64 = 0
     uri: str
     format: str = "safetensors"
-    num_params: int = 0
+    num_params: Int64 = 0
 
 
 class WeightLoaded(Event, kw_only=True):
@@ -195,7 +209,7 @@ class WeightLoaded(Event, kw_only=True):
     table = "weights_loaded"
     order_by = ("version", "worker_id", "event_id")
 
-    version: int
+    version: Int64
     worker_id: str
     load_s: float = 0.0
     uri: str = ""
@@ -207,19 +221,19 @@ class TrainStep(Event, kw_only=True):
     table = "train_steps"
     order_by = ("step", "event_id")
 
-    step: int
+    step: Int64
     loss: float = 0.0
     grad_norm: float = 0.0
     entropy: float = 0.0
     lr: float = 0.0
     mismatch_kl: float = 0.0
     """Mean KL between trainer and inference log-probs on the sampled tokens."""
-    num_samples: int = 0
-    num_tokens: int = 0
+    num_samples: Int64 = 0
+    num_tokens: Int64 = 0
     tokens_per_s: float = 0.0
-    dropped_stale: int = 0
+    dropped_stale: Int64 = 0
     """Samples of this step's batch dropped as stale, by the orchestrator or the trainer."""
-    staleness: dict[str, int] = {}
+    staleness: dict[str, Int64] = {}
     """Histogram: versions behind the trainer -> sample count."""
     metrics: dict[str, float] = {}
 
@@ -231,8 +245,8 @@ class DeadLetter(Event, kw_only=True):
     order_by = ("origin_topic", "origin_partition", "origin_offset", "event_id")
 
     origin_topic: str
-    origin_partition: int
-    origin_offset: int
+    origin_partition: Int64
+    origin_offset: Int64
     consumer_group: str
     error: str
     raw: bytes = b""

@@ -41,3 +41,17 @@ def group_id_of(task: TaskPublished) -> str:
     """The group of rollouts a task becomes: env producers, judges and the orchestrator all
     name it from the task event alone."""
     return derived_id("group", task.event_id)
+
+
+def task_event_id(run_id: str, env: str, task_id: str) -> str:
+    """A task's natural key: the same task of the same environment in the same run is one event,
+    however often it is sent."""
+    return derived_id("task", run_id, env, task_id)
+
+
+def record_id(*where: object, timestamp: int, raw: bytes) -> str:
+    """An id for a message known only by where it sat (a dead letter): its position, plus its
+    broker timestamp and a digest of its bytes, so a memory-only broker that restarts its
+    offsets at 0 never gives two different messages one id."""
+    digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
+    return derived_id(*where, timestamp, digest)

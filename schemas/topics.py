@@ -27,7 +27,7 @@ class Topic:
     """Event field used as the Kafka key: equal keys land on one partition."""
     kinds: tuple[type[Event], ...]
     groups: tuple[str, ...] = ("sink",)
-    """Consumer groups of rlbus roles that read this topic (for lag reports)."""
+    """The rlbus roles that read this topic (their groups are `role.run...`: schemas.group_of)."""
     accepts_json: bool = False
     """Outside clients may publish JSON here (no rlbus code needed)."""
 
@@ -48,6 +48,12 @@ TOPICS: tuple[Topic, ...] = (
 
 BY_NAME: dict[str, Topic] = {t.name: t for t in TOPICS}
 BY_KIND: dict[type[Event], Topic] = {kind: t for t in TOPICS for kind in t.kinds}
+
+
+def group_of(role: str, run_id: str, *parts: str) -> str:
+    """A role's consumer group: one per run (a role serves the run it was started for; in a
+    group shared by two runs each member would skip, and commit past, the other's events)."""
+    return ".".join((role, run_id, *parts))
 
 
 def topic_of(event: Event | type[Event]) -> Topic:

@@ -22,6 +22,7 @@ from rlbus.schemas import (
     topic_of,
     uuid7,
 )
+from rlbus.schemas.ids import task_event_id
 from rlbus.schemas.packed import logprobs, pack_logprobs, pack_tokens, tokens
 
 
@@ -81,11 +82,17 @@ class TaskPublishedV0(Event, kw_only=True, tag="TaskPublished"):
     prompt: str
 
 
-def test_newer_producer_unknown_fields_are_ignored() -> None:
-    newer = TaskPublishedV2(task_id="t", env="e", prompt="p", difficulty=0.9, schema_version=2)
+def test_unknown_fields_of_this_schema_version_are_ignored() -> None:
+    """A field added without a version bump (additive, with a default) is skipped by older
+    readers; a newer schema_version is refused, naming both versions, never read as this one
+    with its fields dropped."""
+    newer = TaskPublishedV2(task_id="t", env="e", prompt="p", difficulty=0.9)
     event = decode("tasks", msgspec.msgpack.encode(newer))
     assert isinstance(event, TaskPublished)
-    assert (event.task_id, event.prompt, event.schema_version) == ("t", "p", 2)
+    assert (event.task_id, event.prompt, event.schema_version) == ("t", "p", 1)
+    bumped = TaskPublishedV2(task_id="t", env="e", prompt="p", difficulty=0.9, schema_version=2)
+    with pytest.raises(DecodeError, match="schema_version 2; this rlbus reads up to 1"):
+        decode("tasks", msgspec.msgpack.encode(bumped))
 
 
 def test_older_producer_missing_fields_get_defaults() -> None:
@@ -102,11 +109,17 @@ def test_newer_reader_decodes_current_events() -> None:
     assert newer.difficulty == 0.5 and newer.event_id == current.event_id
 
 
-def test_json_task_from_outside_client() -> None:
+def test_json_task_from_outside_client_takes_its_natural_key() -> None:
+    """No id, no run: the default run, and an id from (run, env, task id), so the same task
+    sent again (to a restarted broker, at the same offset or another) is the same event, and
+    a different task at the same offset is a different one."""
     raw = b'{"task_id": "j1", "env": "e", "prompt": [{"role": "user", "content": "hi"}]}'
-    event = decode("tasks", raw, None, fallback_event_id=lambda: "fixed")
-    assert isinstance(event, TaskPublished) and event.event_id == "fixed"
-    assert event.prompt == [{"role": "user", "content": "hi"}]
+    event = decode("tasks", raw, None)
+    assert isinstance(event, TaskPublished) and event.prompt == [{"role": "user", "content": "hi"}]
+    assert event.run_id == "default"
+    assert event.event_id == task_event_id("default", "e", "j1") == decode("tasks", raw).event_id
+    other = decode("tasks", b'{"task_id": "j2", "env": "e", "prompt": "p", "run_id": "r"}')
+    assert other.event_id == task_event_id("r", "e", "j2") != event.event_id
 
 
 @pytest.mark.parametrize(
@@ -126,6 +139,31 @@ def test_json_task_from_outside_client() -> None:
             "missing required field `task_id`",
         ),
         ("tasks", b"[1, 2]", "application/json", "must be an object"),
+        ("tasks", b"[1, 2]", None, "must be an object, got a JSON list"),
+        ("tasks", b"hello, broker", None, "the message is text"),
+        ("tasks", b'{"task_id": "t", "env": "e", "prompt": "p", "group_size": -1}', None, ">= 0"),
+        (
+            "tasks",
+            b'{"task_id": "t", "env": "e", "prompt": "p", "group_size": 18446744073709551616}',
+            None,
+            "group_size",
+        ),
+        (
+            "rollouts",
+            msgspec.msgpack.encode(
+                {
+                    "kind": "RolloutCompleted",
+                    "rollout_id": "r",
+                    "group_id": "g",
+                    "task_id": "t",
+                    "env": "e",
+                    "num_turns": 2**63,
+                }
+            ),
+            None,
+            "num_turns",
+        ),
+        ("tasks", b'{"task_id": "t", "env": "e", "prompt": "p", "ts": 1e300}', None, "ts"),
         ("rollouts", b'{"rollout_id": "r"}', "application/json", "msgpack events only"),
     ],
 )

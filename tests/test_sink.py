@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from factories import make_event
 
@@ -132,13 +133,16 @@ def test_sink_killed_mid_stream_loses_and_duplicates_nothing(
     assert stored_ids == {e.event_id for e in events}
 
 
-def test_same_offsets_from_a_fresh_broker_are_not_taken_for_a_replay() -> None:
-    """An embedded broker numbers offsets from 0 on every start while the store persists:
-    equal offset ranges with different events must not share a dedup token."""
-    from rlbus.bus import Delivery
-    from rlbus.consumers.sink import dedup_token
+def test_block_tokens_follow_ids_and_contents_not_offsets() -> None:
+    """An embedded broker numbers offsets from 0 on every start while the store persists: the
+    dedup token of a block comes from its events' ids and content digests, so a replay is
+    dropped wherever it sat and anything new is stored."""
+    from rlbus.bus.store.arrow import events_to_arrow
+    from rlbus.bus.store.client import block_token
 
     first, second = (make_event(TokenRecord, i) for i in (1, 2))
-    block = dedup_token("tokens", [Delivery(first, "tokens", 0, 0)])
-    assert block == dedup_token("tokens", [Delivery(first, "tokens", 0, 0)])  # a replay: dropped
-    assert block != dedup_token("tokens", [Delivery(second, "tokens", 0, 0)])  # a new run: stored
+    block = block_token(TokenRecord, events_to_arrow([first], [(0, 0)]))
+    assert block == block_token(TokenRecord, events_to_arrow([first], [(3, 99)]))  # a replay
+    assert block != block_token(TokenRecord, events_to_arrow([second], [(0, 0)]))  # a new one
+    changed = msgspec.structs.replace(first, policy_version=first.policy_version + 1)
+    assert block != block_token(TokenRecord, events_to_arrow([changed], [(0, 0)]))  # new content

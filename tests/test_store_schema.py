@@ -10,7 +10,7 @@ import chdb
 import clickhouse_connect
 import pytest
 
-from rlbus.bus.store import MigrationError, Store, open_store
+from rlbus.bus.store import MigrationError, Store, columns, open_store
 from rlbus.bus.store.columns import EXTRA_COLUMNS, columns_of
 from rlbus.bus.store.ddl import id_columns
 from rlbus.bus.store.migrate import Migration, load_migrations, migrate
@@ -70,7 +70,7 @@ def test_tables_are_keyed_indexed_and_deduplicated_as_declared(store: Store) -> 
     for kind in EVENT_TYPES:
         engine, sorting_key, engine_full = tables[kind.table]
         assert engine == "ReplacingMergeTree", kind.table
-        assert sorting_key == ", ".join(kind.order_by), kind.table
+        assert sorting_key == ", ".join(columns.sorting_key(kind)), kind.table
         assert f"non_replicated_deduplication_window = {DEFAULT_DEDUP_WINDOW}" in engine_full, (
             kind.table
         )

@@ -8,6 +8,7 @@ Every thread gets its own client: chdb sessions must not be shared by threads th
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import urllib.request
@@ -23,7 +24,7 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 
 from rlbus.bus.store.arrow import arrow_to_events, events_to_arrow
-from rlbus.bus.store.columns import columns_of
+from rlbus.bus.store.columns import DIGEST, columns_of
 from rlbus.bus.store.endpoint import Endpoint
 from rlbus.bus.store.holder import ENDPOINT_FILE, holder_pid, read_endpoint
 from rlbus.bus.store.migrate import migrate
@@ -149,24 +150,34 @@ class Store:
                 )
 
     def insert_events(
-        self, events: Sequence[Event], positions: Sequence[tuple[int, int]], dedup_token: str
+        self,
+        events: Sequence[Event],
+        positions: Sequence[tuple[int, int]],
+        dedup_token: str | None = None,
     ) -> int:
-        """Insert events of one kind with their Kafka (partition, offset) positions, as one block.
-
-        A block re-sent with the same `dedup_token` (e.g. its topic-partition-offset range) is
-        dropped by ClickHouse; an empty token falls back to deduplicating identical blocks.
-        Returns the number of rows sent.
-        """
-        self._check_write("insert events")
+        """Insert events of one kind with their Kafka (partition, offset) positions, as one
+        block (see `insert_block`). Returns the number of rows sent."""
         if not events:
             return 0
-        table = events_to_arrow(events, positions)
+        return self.insert_block(type(events[0]), events_to_arrow(events, positions), dedup_token)
+
+    def insert_block(
+        self, kind: type[Event], block: pa.Table, dedup_token: str | None = None
+    ) -> int:
+        """Insert an Arrow block of `kind`'s rows (bus.store.arrow.events_to_arrow). A block
+        re-sent with the same token is dropped by ClickHouse; the default token is a digest of
+        the block's event ids and content digests, so a replayed block is dropped whatever
+        offsets it came from, and a block with anything new is stored."""
+        self._check_write("insert events")
+        if not block.num_rows:
+            return 0
+        token = dedup_token if dedup_token is not None else block_token(kind, block)
         if self.data_dir is not None:
-            self._insert_chdb(type(events[0]).table, table, dedup_token)
+            self._insert_chdb(kind.table, block, token)
         else:
-            settings = {"insert_deduplication_token": dedup_token} if dedup_token else None
-            self._client().insert_arrow(type(events[0]).table, table, settings=settings)
-        return table.num_rows
+            settings = {"insert_deduplication_token": token} if token else None
+            self._client().insert_arrow(kind.table, block, settings=settings)
+        return block.num_rows
 
     def _insert_chdb(self, name: str, arrow_block: pa.Table, dedup_token: str) -> None:
         """Insert through chdb's Python() table function, which reads the Arrow table in place
@@ -232,6 +243,16 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def block_token(kind: type[Event], block: pa.Table) -> str:
+    """`table#digest` of a block's (event id, content digest) pairs, in order."""
+    ids = block.column("event_id").to_pylist()
+    digests = block.column(DIGEST.name).to_numpy()
+    h = hashlib.blake2b(digest_size=16)
+    for event_id, content in zip(ids, digests.tolist(), strict=True):
+        h.update(f"{event_id}:{content};".encode())
+    return f"{kind.table}#{h.hexdigest()}"
 
 
 def _prepared(store: Store, dedup_window: int | None) -> Store:

@@ -84,7 +84,15 @@ POSITION_COLUMNS: tuple[ExtraColumn, ...] = (
     ExtraColumn("kafka_offset", "UInt64"),
 )
 INGESTED_AT = ExtraColumn("ingested_at", TIMESTAMP_TYPE, "now64(6)")
-EXTRA_COLUMNS: tuple[ExtraColumn, ...] = (*POSITION_COLUMNS, INGESTED_AT)
+DIGEST = ExtraColumn("digest", "UInt64")
+"""schemas.codec.digest of the row's event: the last column of the sorting key, so a merge
+collapses only true duplicates and one id with two contents stays visible (the conflicts view)."""
+EXTRA_COLUMNS: tuple[ExtraColumn, ...] = (*POSITION_COLUMNS, INGESTED_AT, DIGEST)
+
+
+def sorting_key(kind: type[Event]) -> tuple[str, ...]:
+    return (*kind.order_by, DIGEST.name)
+
 
 _PACKED_ARROW = {
     "Array(UInt32)": pa.uint32(),
@@ -123,11 +131,23 @@ def _packed_column(name: str, annotation: Any) -> Column | None:
     return None
 
 
+def _unconstrained(annotation: Any) -> Any:
+    """The type under Annotated[T, Meta(ge=..., le=...)]: constraints act at decode, the column
+    follows the type."""
+    if get_origin(annotation) is Annotated:
+        return _unconstrained(get_args(annotation)[0])
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin in (dict, list) and args:
+        return origin[tuple(_unconstrained(a) for a in args)]  # type: ignore[index]
+    return annotation
+
+
 def column_for(name: str, annotation: Any) -> Column:
     """The column a field with this name and type annotation maps to."""
     packed = _packed_column(name, annotation)
     if packed is not None:
         return packed
+    annotation = _unconstrained(annotation)
     if name == "ts" and annotation is float:
         return Column(
             name, TIMESTAMP_TYPE, pa.timestamp("us", tz="UTC"), Codec.TIMESTAMP, annotation

@@ -7,7 +7,7 @@ tests/test_store_schema.py fails until the migrated tables match the Structs aga
 
 from __future__ import annotations
 
-from rlbus.bus.store.columns import EXTRA_COLUMNS, columns_of
+from rlbus.bus.store.columns import EXTRA_COLUMNS, columns_of, sorting_key
 from rlbus.bus.store.sqltext import quote
 from rlbus.config.settings import DEFAULT_DEDUP_WINDOW
 from rlbus.schemas.events import EVENT_TYPES, Event
@@ -35,7 +35,7 @@ def create_table(kind: type[Event]) -> str:
     return (
         f"CREATE TABLE IF NOT EXISTS {quote(kind.table)}\n(\n{body}\n)\n"
         "ENGINE = ReplacingMergeTree\n"
-        f"ORDER BY ({', '.join(quote(name) for name in kind.order_by)})\n"
+        f"ORDER BY ({', '.join(quote(name) for name in sorting_key(kind))})\n"
         f"SETTINGS non_replicated_deduplication_window = {DEFAULT_DEDUP_WINDOW}"
     )
 

@@ -13,16 +13,18 @@ import asyncio
 import socket
 from pathlib import Path
 
+import msgspec
 import uvicorn
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rlbus.bus import Bus, Delivery
+from rlbus.bus.replay import read_back
 from rlbus.bus.waiting import wait_until
 from rlbus.config import Settings
 from rlbus.consumers.heartbeat import keep_announcing
 from rlbus.consumers.inference.api import BackendKind, InferenceBackend
 from rlbus.consumers.inference.weights import WeightFollower, newest
-from rlbus.schemas import WeightLoaded
+from rlbus.schemas import WeightLoaded, group_of
 
 
 def default_worker_id(port: int) -> str:
@@ -50,10 +52,50 @@ async def follow_weights(
     every_s = bus.kafka.announce_every_s
     announcing = asyncio.create_task(keep_announcing(bus, lambda: served, every_s, stop))
     try:
-        group = f"inference-{follower.worker_id}"
-        await bus.subscriber("weights", group=group, batch=True)(on_batch).run(stop)
+        group = group_of("inference", run_id, follower.worker_id)
+        consume = bus.subscriber("weights", group=group, batch=True, run=run_id)
+        await consume(on_batch).run(stop)
     finally:
         announcing.cancel()
+
+
+class Gate:
+    """ASGI middleware that answers 503 (health included) until the worker serves its run's
+    current weights: a restarted worker never serves its starting weights under the run's
+    name while the run is at a later version."""
+
+    def __init__(self, app: ASGIApp, run_id: str):
+        self.app = app
+        self.run_id = run_id
+        self.open = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.open or scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        body = msgspec.json.encode(
+            {"status": "loading", "error": f"catching up with the weights of run {self.run_id!r}"}
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 503,
+                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+async def catch_up(bus: Bus, follower: WeightFollower, run_id: str) -> WeightLoaded | None:
+    """Load the newest WeightVersion the run has announced so far, if any (none: a fresh run,
+    whose version 0 is the starting weights)."""
+    latest = newest(await read_back(bus, "weights", run_id), run_id)
+    if latest is None:
+        return None
+    loaded = await follower.on_weight_version(latest)
+    if loaded is not None:
+        await bus.publish(loaded)
+    return loaded
 
 
 async def run_worker(
@@ -65,8 +107,10 @@ async def run_worker(
     stop: asyncio.Event,
     worker_id: str | None = None,
 ) -> None:
-    """Serve `app` on host:port and follow weights until `stop` is set."""
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    """Serve `app` on host:port and follow weights until `stop` is set. Requests are answered
+    503 until the run's newest announced weights are loaded."""
+    gate = Gate(app, settings.run_id)
+    server = uvicorn.Server(uvicorn.Config(gate, host=host, port=port, log_level="warning"))
     serving = asyncio.create_task(server.serve())
 
     # The app's lifespan starts the backend: weights must not be loaded into an unstarted engine.
@@ -81,6 +125,8 @@ async def run_worker(
     follower = WeightFollower(backend, worker_id or default_worker_id(port))
     try:
         async with Bus.of(settings) as bus:
+            await catch_up(bus, follower, settings.run_id)
+            gate.open = True
             await follow_weights(bus, follower, settings.run_id, stop)
     finally:
         server.should_exit = True

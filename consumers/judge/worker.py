@@ -3,27 +3,30 @@
 Rollouts are keyed by group_id, so a group's rollouts arrive on one partition, at one judge.
 Task sets without group rewards are scored rollout by rollout; with group rewards a group waits
 in memory until all `group_size` rollouts are in. Its messages are held uncommitted meanwhile
-(`Delivery.hold`), so a judge that restarts sees the whole group again.
+(`Delivery.hold`), so a judge that restarts sees the whole group again; a group still incomplete
+after the environment's group_wait_s is scored as errors, so it never pins the commits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from typing import cast
 
 from rlbus.bus import Bus, Delivery
 from rlbus.config import Settings
 from rlbus.producers.environment.loader import Environment
 from rlbus.producers.environment.scoring import Scorer
-from rlbus.schemas import RolloutCompleted
+from rlbus.schemas import RolloutCompleted, group_of
 
 log = logging.getLogger(__name__)
 
 
-def group_name(envs: list[Environment]) -> str:
-    """One consumer group per set of environments: each such judge sees every rollout."""
-    return "judge." + "+".join(sorted(env.id for env in envs))
+def group_name(envs: list[Environment], run_id: str) -> str:
+    """One consumer group per run and set of environments: each such judge sees every rollout."""
+    return group_of("judge", run_id, "+".join(sorted(env.id for env in envs)))
 
 
 class Judge:
@@ -31,16 +34,22 @@ class Judge:
         self.scorers = {env.id: Scorer(env) for env in envs}
         self.bus = bus
         self.pending: dict[str, dict[int, Delivery]] = {}
+        self.since: dict[str, float] = {}
+        """When each pending group's first rollout arrived."""
         self.scored = 0
+        self.incomplete = 0
+        """Groups scored as errors because they never completed."""
 
     def _ready(self, delivery: Delivery, rollout: RolloutCompleted) -> list[Delivery] | None:
         if not self.scorers[rollout.env].needs_group:
             return [delivery]
+        self.since.setdefault(rollout.group_id, time.monotonic())
         members = self.pending.setdefault(rollout.group_id, {})
         members[rollout.sample_index] = delivery
         if len(members) < rollout.group_size:
             delivery.hold()
             return None
+        del self.since[rollout.group_id]
         return list(self.pending.pop(rollout.group_id).values())
 
     async def handle(self, deliveries: list[Delivery]) -> None:
@@ -53,22 +62,60 @@ class Judge:
                 and (group := self._ready(delivery, event)) is not None
             ):
                 ready.append(group)
-        rollouts = [[cast(RolloutCompleted, d.event) for d in group] for group in ready]
+        await self._score(ready)
+        await self.expire()
+
+    async def _score(self, groups: list[list[Delivery]], failed: str = "") -> None:
+        """Score the groups, publish the scores, then let their messages be committed."""
+        rollouts = [[cast(RolloutCompleted, d.event) for d in group] for group in groups]
         results = await asyncio.gather(
-            *(self.scorers[group[0].env].score(group) for group in rollouts)
+            *(self.scorers[group[0].env].score(group, failed) for group in rollouts)
         )
         events = [e for scored in results for e in scored]
         if events:
             await self.bus.publish_many(events)
             self.scored += len(events)
-        for group in ready:
+        for group in groups:
             for delivery in group:
                 delivery.release()
+
+    async def expire(self) -> None:
+        """Score as errors the groups that waited longer than their environment's group_wait_s
+        for their missing rollouts."""
+        now = time.monotonic()
+        for group_id, since in list(self.since.items()):
+            if group_id not in self.since:
+                continue  # completed while an earlier expired group was being scored
+            members = list(self.pending[group_id].values())
+            first = cast(RolloutCompleted, members[0].event)
+            wait_s = self.scorers[first.env].env.config.group_wait_s
+            if now - since < wait_s:
+                continue
+            del self.since[group_id], self.pending[group_id]
+            self.incomplete += 1
+            reason = (
+                f"group incomplete: {len(members)} of {first.group_size} rollouts arrived within "
+                f"group_wait_s = {wait_s:g}s"
+            )
+            log.warning("group %s of %s: %s", group_id, first.env, reason)
+            await self._score([members], reason)
+
+    async def keep_expiring(self, stop: asyncio.Event, every_s: float = 5.0) -> None:
+        """Look for expired groups while no rollouts arrive to prompt it."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every_s)
+            await self.expire()
 
 
 async def run_judge(settings: Settings, envs: list[Environment], stop: asyncio.Event) -> Judge:
     async with Bus.of(settings) as bus:
         judge = Judge(envs, bus)
-        consume = bus.subscriber("rollouts", group=group_name(envs), batch=True)(judge.handle)
-        await consume.run(stop)
+        group = group_name(envs, settings.run_id)
+        consume = bus.subscriber("rollouts", group=group, batch=True, run=settings.run_id)
+        expiring = asyncio.create_task(judge.keep_expiring(stop))
+        try:
+            await consume(judge.handle).run(stop)
+        finally:
+            expiring.cancel()
     return judge

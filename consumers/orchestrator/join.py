@@ -3,6 +3,7 @@ token records, the rollout and its score. A group is handed on once every member
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ from rlbus.schemas.samples import TraceError, trace_samples
 
 @dataclass
 class _Parts:
+    first_seen: float = field(default_factory=time.monotonic)
     nodes: dict[str, TraceNode] = field(default_factory=dict)
     records: dict[int, TokenRecord] = field(default_factory=dict)
     rollout: RolloutCompleted | None = None
@@ -55,8 +57,6 @@ class Joiner:
         """group id -> rollout ids scored so far."""
 
     def add(self, event: Event) -> None:
-        if event.run_id != self.run_id:
-            return
         if isinstance(event, TraceNode):
             self._parts(event.rollout_id).nodes[event.node_id] = event
         elif isinstance(event, TokenRecord):
@@ -66,6 +66,21 @@ class Joiner:
         elif isinstance(event, RolloutScored) and event.env in self.envs:
             self._parts(event.rollout_id).scored = event
             self.groups.setdefault(event.group_id, set()).add(event.rollout_id)
+
+    def expired(self, max_age_s: float) -> list[str]:
+        """Rollouts first seen more than `max_age_s` ago and still not part of a whole group,
+        removed from the joiner (their groups with them)."""
+        cutoff = time.monotonic() - max_age_s
+        old = {r for r, p in self.parts.items() if p.first_seen < cutoff}
+        if not old:
+            return []
+        for group_id, members in list(self.groups.items()):
+            if members & old:
+                old |= members
+                del self.groups[group_id]
+        for rollout_id in old:
+            self.parts.pop(rollout_id, None)
+        return sorted(old)
 
     def _parts(self, rollout_id: str) -> _Parts:
         return self.parts.setdefault(rollout_id, _Parts())

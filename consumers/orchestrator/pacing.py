@@ -4,6 +4,10 @@ Tasks are paced in the groups they are expected to yield: when most groups are d
 (zero signal on a nearly solved task set, too-long samples), a step needs several times
 `tasks_per_step` tasks, and a bound on tasks alone would starve the trainer. The expected
 yield is the share of the last few steps' training groups that reached a batch.
+
+Groups whose every rollout errored (the model unreachable, a harness broken) say nothing about
+the yield: they are left out of it, and while they are most of what comes back the pacer backs
+off to one step's worth of tasks in flight, instead of sending ever more into the failure.
 """
 
 from __future__ import annotations
@@ -23,10 +27,21 @@ class Pacer:
         self.max_off_policy_steps = max_off_policy_steps
         self.max_inflight_tasks = max_inflight_tasks
         self.kept: deque[bool] = deque(maxlen=4 * tasks_per_step)
-        """Whether each recent training group reached the ready list."""
+        """Whether each recent training group that did not error reached the ready list."""
+        self.errored: deque[bool] = deque(maxlen=4 * tasks_per_step)
+        """Whether each recent training group errored whole."""
 
-    def observe(self, kept: bool) -> None:
-        self.kept.append(kept)
+    def observe(self, kept: bool, errored: bool = False) -> None:
+        self.errored.append(errored)
+        if not errored:
+            self.kept.append(kept)
+
+    @property
+    def failing(self) -> bool:
+        """Most recent groups errored whole."""
+        return len(self.errored) >= self.tasks_per_step and 2 * sum(self.errored) > len(
+            self.errored
+        )
 
     @property
     def keep_rate(self) -> float:
@@ -36,6 +51,8 @@ class Pacer:
         return max(MIN_KEEP_RATE, sum(self.kept) / len(self.kept))
 
     def max_inflight(self) -> int:
+        if self.failing:
+            return min(self.tasks_per_step, self.max_inflight_tasks or self.tasks_per_step)
         return self.max_inflight_tasks or math.ceil(2 * self.tasks_per_step / self.keep_rate)
 
     def room(self, step: int, max_steps: int, ready: int, inflight: int, served: int) -> int:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from rlbus.bus import Bus, Delivery
+from rlbus.bus.replay import read_back
 from rlbus.config.orchestrator import OrchestratorConfig
 from rlbus.consumers.orchestrator.algorithms import Algorithm
 from rlbus.consumers.orchestrator.join import Group, Joiner
@@ -28,6 +30,7 @@ from rlbus.schemas import (
     WeightVersion,
     derived_id,
     group_id_of,
+    group_of,
 )
 from rlbus.schemas.packed import logprobs, mask, tokens
 from rlbus.schemas.staleness import filter_stale
@@ -47,12 +50,15 @@ class Counts:
     dropped_too_long: int = 0
     errored_rollouts: int = 0
     untrainable: int = 0
+    incomplete: int = 0
+    """Rollouts whose pieces did not all arrive within orchestrator.incomplete_after_s."""
 
 
 @dataclass
 class ReadyGroup:
     samples: list[TrainSample]
     rewards: list[float]
+    rollout_ids: list[str]
 
     @property
     def oldest_version(self) -> int:
@@ -120,32 +126,88 @@ class Orchestrator:
         self.counted = Counts()
         """`counts` when the last batch went out: each batch reports what happened since."""
         self.done = asyncio.Event()
+        self.held: dict[str, list[Delivery]] = {}
+        """Deliveries of rollouts not yet batched, evaluated or dropped, by rollout id: held
+        uncommitted, so a restart finds them again."""
+        self.batched: set[str] = set()
+        """Rollouts in batches published so far (by this process or, read back, its
+        predecessors): never batched again."""
+        self.published_step = 0
+        """The newest step of those batches."""
+
+    def resume(self, batches: list[TrainBatch]) -> None:
+        """Learn what earlier orchestrators of the run published (bus.replay.read_back)."""
+        for batch in batches:
+            self.batched.update(s.rollout_id for s in batch.samples)
+            self.published_step = max(self.published_step, batch.step)
+        if batches:
+            log.info(
+                "%d batches of run %s were published before, up to step %d",
+                len(batches),
+                self.run_id,
+                self.published_step,
+            )
 
     # -- events ----------------------------------------------------------------------
 
     async def handle(self, deliveries: list[Delivery]) -> None:
         for d in deliveries:
             event = d.event
-            if event.run_id != self.run_id:
-                continue
             if isinstance(event, WeightVersion):
                 self._on_version(event.version)
             elif isinstance(event, WeightLoaded):
                 self.served = max(self.served, event.version)
-            else:
+            elif getattr(event, "rollout_id", "") not in self.batched:
+                d.hold()
+                self.held.setdefault(event.rollout_id, []).append(d)  # type: ignore[attr-defined]
                 self.joiner.add(event)
         for group in self.joiner.ready():
             await self._on_group(group)
+        expired = self.joiner.expired(self.cfg.incomplete_after_s)
+        if expired:
+            self.counts.incomplete += len(expired)
+            log.warning(
+                "%d rollouts still incomplete after %gs (pieces never arrived); dropped",
+                len(expired),
+                self.cfg.incomplete_after_s,
+            )
+            self._release(expired)
         await self.advance()
+
+    def _release(self, rollout_ids: Iterable[str]) -> None:
+        """Done with these rollouts (batched, evaluated or dropped): commit past them."""
+        for rollout_id in rollout_ids:
+            for delivery in self.held.pop(rollout_id, ()):
+                delivery.release()
 
     def _on_version(self, version: int) -> None:
         self.trained = max(self.trained, version)
         if self.step is None:  # the trainer's announcement on start, fresh or resumed
-            self.step = self.next_eval = self.start_version = self.awaiting_version = version
-            self.tasks.skip(version * self.cfg.tasks_per_step)
-            log.info("trainer is at version %d; next batch is step %d", version, version + 1)
+            # A predecessor may have published batches the trainer has not trained yet.
+            step = max(version, self.published_step)
+            self.step = self.start_version = self.awaiting_version = step
+            # A restart evaluates on the eval_every grid only: the versions before it were
+            # evaluated by its predecessor (the final one is always evaluated).
+            self.next_eval = step if step == 0 else self._eval_after(step)
+            self.tasks.skip(step * self.cfg.tasks_per_step)
+            log.info("trainer is at version %d; next batch is step %d", version, step + 1)
 
     async def _on_group(self, group: Group) -> None:
+        rollout_ids = [m.rollout.rollout_id for m in group.members]
+        try:
+            kept = await self._trainable(group)
+        except BaseException:
+            self._release(rollout_ids)
+            raise
+        if kept:
+            rewards = [m.scored.reward for m in group.members]
+            self.ready.append(ReadyGroup(kept, rewards, rollout_ids))
+        else:
+            self._release(rollout_ids)
+
+    async def _trainable(self, group: Group) -> list[TrainSample]:
+        """The group's samples to train on; none for a held-out group (its rewards go to its
+        evaluation) or one dropped (counted)."""
         first = group.members[0].rollout
         self.counts.errored_rollouts += sum(m.scored.status != "ok" for m in group.members)
         self.counts.untrainable += group.untrainable
@@ -162,7 +224,7 @@ class Orchestrator:
                         evaluation.pass_rate,
                         len(evaluation.rewards),
                     )
-            return
+            return []
         self.inflight.discard(group.group_id)
         samples = await self.algorithms[group.env].samples(group.members)
         kept = [s for s in samples if len(tokens(s.input_ids)) <= self.cfg.seq_len]
@@ -171,9 +233,16 @@ class Orchestrator:
         if self.cfg.drop_zero_signal and not has_signal(kept):
             self.counts.dropped_zero_signal += 1
             kept = []
-        self.pacer.observe(bool(kept))
-        if kept:
-            self.ready.append(ReadyGroup(kept, [m.scored.reward for m in group.members]))
+        errored = all(m.scored.status != "ok" for m in group.members)
+        was_failing = self.pacer.failing
+        self.pacer.observe(bool(kept), errored)
+        if self.pacer.failing and not was_failing:
+            log.warning(
+                "most recent groups errored whole (%s); backing off to %d tasks in flight",
+                group.members[0].scored.error[:200],
+                self.pacer.max_inflight(),
+            )
+        return kept
 
     # -- pacing (pacing.Pacer) and batching ---------------------------------------------------
 
@@ -194,10 +263,11 @@ class Orchestrator:
                 )
         elif self.step < self.max_steps:
             if self.collecting:
-                if (
-                    not self.inflight
-                ):  # every group of the step is back (some may have been dropped)
-                    await self._publish_batch(len(self.ready))
+                # Every group of the step is back (some may have been dropped). With nothing to
+                # train on, the step gets another round of tasks instead of an empty batch.
+                if not self.inflight and not await self._publish_batch(len(self.ready)):
+                    await self._publish_tasks(self.cfg.tasks_per_step)
+                elif not self.inflight:
                     self.collecting = False
                     self.awaiting_version = self.step
             elif self.served >= self.awaiting_version:
@@ -214,17 +284,18 @@ class Orchestrator:
     def _final_evaluated(self) -> bool:
         return not self.cfg.eval_every or self.max_steps in self.evaluations
 
+    def _eval_after(self, version: int) -> int:
+        """The next version on the eval_every grid after `version`, the final one at most."""
+        every = self.cfg.eval_every or self.max_steps
+        return min(self.max_steps, (version // every + 1) * every)
+
     async def _maybe_evaluate(self) -> None:
         if not self.cfg.eval_every or self.next_eval is None or self.served < self.next_eval:
             return
         version = self.served
         if version in self.evaluations:
             return
-        if version < self.max_steps:
-            self.next_eval = (version // self.cfg.eval_every + 1) * self.cfg.eval_every
-            self.next_eval = min(self.next_eval, self.max_steps)
-        else:
-            self.next_eval = None
+        self.next_eval = self._eval_after(version) if version < self.max_steps else None
         tasks = self.tasks.eval_set(version, self.cfg.eval_tasks, self.cfg.eval_group_size)
         self.evaluations[version] = HeldOutEval(version, {group_id_of(t) for t in tasks})
         await self.bus.publish_many(tasks)
@@ -235,13 +306,19 @@ class Orchestrator:
             self.inflight.update(group_id_of(t) for t in tasks)
             await self.bus.publish_many(tasks)
 
-    async def _publish_batch(self, groups: int) -> None:
+    async def _publish_batch(self, groups: int) -> bool:
+        """Batch the `groups` ready groups sampled longest ago; False when none of their samples
+        is fresh enough (they are dropped, counted, and nothing is published)."""
         assert self.step is not None
         taken, self.ready = take_oldest(self.ready, groups)
         fresh = filter_stale(
             [s for g in taken for s in g.samples], self.step, self.cfg.max_off_policy_steps
         )
         self.counts.dropped_stale += fresh.dropped
+        taken_ids = [r for g in taken for r in g.rollout_ids]
+        if not fresh.kept:
+            self._release(taken_ids)
+            return False  # never an empty batch: the trainer would step on nothing
         self.counts.samples += len(fresh.kept)
         self.step += 1
         versions = [s.policy_version for s in fresh.kept] or [self.step - 1]
@@ -270,6 +347,9 @@ class Orchestrator:
                 },
             )
         )
+        # Acknowledged by the broker: the batch is the record now, its inputs may be committed.
+        self.batched.update(taken_ids)
+        self._release(taken_ids)
         log.info(
             "batch %d: %d samples from %d groups (staleness %s; dropped so far: %s)",
             self.step,
@@ -278,6 +358,7 @@ class Orchestrator:
             fresh.histogram,
             self.counts,
         )
+        return True
 
 
 async def run_orchestrator(
@@ -296,7 +377,10 @@ async def run_orchestrator(
 
     watcher = asyncio.create_task(watch())
     try:
-        consume = bus.subscriber(*TOPICS, group=GROUP, batch=True)(orchestrator.handle)
+        orchestrator.resume(await read_back(bus, "batches", orchestrator.run_id))  # type: ignore[arg-type]
+        group = group_of(GROUP, orchestrator.run_id)
+        consume = bus.subscriber(*TOPICS, group=group, batch=True, run=orchestrator.run_id)
+        consume = consume(orchestrator.handle)
         await consume.run(consumer_stop)
     finally:
         watcher.cancel()

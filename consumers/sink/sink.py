@@ -1,69 +1,137 @@
 """The sink: every topic into its ClickHouse table, batched, idempotent.
 
-Offsets are committed only after the rows are stored. A crash replays the uncommitted
-tail: a re-sent block with the same topic-partition-offset range is dropped by
-`insert_deduplication_token`, and any other duplicate collapses under FINAL (the tables
-are ReplacingMergeTree ordered by immutable ids).
+Offsets are committed only after the rows are stored. A crash replays the uncommitted tail: a
+re-sent block is dropped by its `insert_deduplication_token` (a digest of its event ids and
+content digests), and any other true duplicate collapses under FINAL (the tables are
+ReplacingMergeTree ordered by immutable ids, then the content digest). An event that cannot be
+stored (a value its column cannot hold) is dead-lettered alone; its neighbours are stored. An
+id stored with two different contents is kept twice, listed by the `conflicts` view and logged
+here once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import contextlib
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable
 
+import pyarrow as pa
+
 from rlbus.bus import Bus, Delivery
 from rlbus.bus.store import Store, open_store
+from rlbus.bus.store.arrow import events_to_arrow
 from rlbus.config import Settings
-from rlbus.schemas import TOPICS
+from rlbus.schemas import EVENT_TYPES, TOPICS
 
 log = logging.getLogger(__name__)
 
 GROUP = "sink"
 
 
-def dedup_token(table: str, deliveries: list[Delivery]) -> str:
-    """`table|topic:partition:first-last|...#digest`: the same replayed block gets the same
-    token. The digest of the block's event ids keeps blocks apart whose offsets coincide but
-    whose events do not: a fresh embedded broker numbers its offsets from 0 again while the
-    store keeps the previous run's blocks."""
-    offsets: dict[tuple[str, int], list[int]] = defaultdict(list)
+def _block(deliveries: list[Delivery]) -> pa.Table:
+    return events_to_arrow(
+        [d.event for d in deliveries], [(d.partition, d.offset) for d in deliveries]
+    )
+
+
+def storable(deliveries: list[Delivery]) -> tuple[pa.Table, list[Delivery]]:
+    """The Arrow block of deliveries of one kind, and the deliveries in it: one whose event
+    cannot be converted to its columns is rejected (dead-lettered) with the reason, alone."""
+    try:
+        return _block(deliveries), deliveries
+    except Exception:  # find which event it was, one at a time
+        pass
+    good = []
     for d in deliveries:
-        offsets[(d.topic, d.partition)].append(d.offset)
-    parts = [f"{t}:{p}:{min(o)}-{max(o)}" for (t, p), o in sorted(offsets.items())]
-    digest = hashlib.blake2b(
-        "".join(d.event.event_id for d in deliveries).encode(), digest_size=8
-    ).hexdigest()
-    return "|".join([table, *parts]) + "#" + digest
+        try:
+            _block([d])
+        except Exception as exc:
+            d.reject(f"sink: cannot store {type(d.event).__name__} {d.event.event_id}: {exc}")
+        else:
+            good.append(d)
+    return (_block(good) if good else pa.table({})), good
+
+
+CONFLICTS = (
+    "SELECT event_id, groupUniqArray((digest, kafka_partition, kafka_offset)) FROM {table} "
+    "WHERE event_id IN (SELECT event_id FROM {table} WHERE ingested_at >= {{since:DateTime64(6)}}) "
+    "GROUP BY event_id HAVING uniqExact(digest) > 1"
+)
+
+
+class Conflicts:
+    """Ids stored with two different contents, logged once each with every origin. Only ids
+    among the rows stored since the previous look are searched (with a margin for clocks)."""
+
+    MARGIN_S = 30.0
+
+    def __init__(self, store: Store, every_s: float):
+        self.store = store
+        self.every_s = every_s
+        self.logged: set[tuple[str, str]] = set()
+        self.looked = time.time()
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Look every `every_s` until `stop`, and once more then."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.every_s)
+            await asyncio.to_thread(self.look)
+
+    def look(self) -> int:
+        """Log the conflicts not logged yet; returns how many there were."""
+        since, self.looked = self.looked - self.MARGIN_S, time.time()
+        found = 0
+        for kind in EVENT_TYPES:
+            sql = CONFLICTS.format(table=kind.table)
+            for event_id, origins in self.store.query(sql, {"since": since}).rows:
+                if (kind.table, event_id) in self.logged:
+                    continue
+                self.logged.add((kind.table, event_id))
+                found += 1
+                where = "; ".join(
+                    f"digest {d:016x} from partition {p} offset {o}" for d, p, o in sorted(origins)
+                )
+                log.warning(
+                    "conflict: %s event %s is stored with %d different contents (%s); both are "
+                    "kept, see the conflicts view",
+                    kind.table,
+                    event_id,
+                    len({d for d, _, _ in origins}),
+                    where,
+                )
+        return found
 
 
 class Sink:
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, conflict_check_s: float = 5.0):
         self.store = store
         self.rows_written = 0
+        self.rejected = 0
+        self.conflicts = Conflicts(store, conflict_check_s)
+
+    def _store(self, deliveries: list[Delivery]) -> int:
+        block, good = storable(deliveries)
+        self.rejected += len(deliveries) - len(good)
+        return self.store.insert_block(type(good[0].event), block) if good else 0
 
     async def handle(self, deliveries: list[Delivery]) -> None:
         by_table: dict[str, list[Delivery]] = defaultdict(list)
         for d in deliveries:
             by_table[type(d.event).table].append(d)
-        for table, group in by_table.items():
+        for group in by_table.values():
             # chdb is synchronous; a thread keeps the event loop (and Kafka heartbeats) alive.
-            await asyncio.to_thread(
-                self.store.insert_events,
-                [d.event for d in group],
-                [(d.partition, d.offset) for d in group],
-                dedup_token(table, group),
-            )
-            self.rows_written += len(group)
+            self.rows_written += await asyncio.to_thread(self._store, group)
 
 
 async def run_sink(
     settings: Settings, store: Store, stop: asyncio.Event, topics: list[str] | None = None
 ) -> Sink:
     """Consume `topics` (default: all) into `store` until `stop` is set."""
-    sink = Sink(store)
+    sink = Sink(store, settings.store.conflict_check_s)
     async with Bus.of(settings) as bus:
         consume = bus.subscriber(
             *(topics or [t.name for t in TOPICS]),
@@ -76,7 +144,15 @@ async def run_sink(
             # A store that fails is not the events' fault: stop uncommitted, redeliver on restart.
             on_error="stop",
         )(sink.handle)
-        await consume.run(stop)
+        consumed = asyncio.Event()
+        watching = asyncio.create_task(sink.conflicts.watch(consumed))
+        try:
+            await consume.run(stop)
+        except BaseException:
+            watching.cancel()
+            raise
+        consumed.set()
+        await watching  # one last look at what the final batches stored
     return sink
 
 

@@ -27,6 +27,10 @@ class NothingToResume(RuntimeError):
     """--resume found no checkpoint."""
 
 
+class NonFiniteWeights(RuntimeError):
+    """Weights with NaN or infinite values, which no checkpoint may hold."""
+
+
 @dataclass
 class TrainerState:
     step: int = 0
@@ -49,7 +53,14 @@ class CheckpointStore:
         return self.folder.exists(f"weights/v{version:06d}.safetensors")
 
     def write_weights(self, version: int, tensors: dict[str, torch.Tensor]) -> str:
-        """Write a weight version; returns its URI for WeightVersion."""
+        """Write a weight version; returns its URI for WeightVersion. Weights with a NaN or an
+        infinity are refused: inference must never load them."""
+        broken = [name for name, t in tensors.items() if not bool(torch.isfinite(t).all())]
+        if broken:
+            raise NonFiniteWeights(
+                f"weights of version {version} hold non-finite values in {broken[:5]} "
+                f"({len(broken)} tensors); not written"
+            )
         self.folder.write(f"weights/v{version:06d}.safetensors", safetensors_bytes(tensors))
         self._prune("weights", self.keep_weights)
         return self.weights_uri(version)

@@ -40,6 +40,9 @@ class StepResult:
     """Every token through the model (what tokens/s counts)."""
     seconds: float
     metrics: dict[str, float] = field(default_factory=dict)
+    skipped: str = ""
+    """Why the weights did not move this step ("" when they did): an empty batch, or a
+    non-finite loss or gradient. The version still advances, with the same weights."""
 
 
 def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
@@ -117,6 +120,8 @@ class Trainer:
         """Train on `samples` (this rank's share under FSDP is chosen here) with one optimizer step.
         `version`: the weights version being trained (its samples give the mismatch KL)."""
         started = time.perf_counter()
+        if not samples:
+            return self._skip("empty batch", samples, started)
         groups = self.ranks.mine(micro_batches(samples, self.cfg.micro_batch_tokens))
         local = torch.tensor(
             [
@@ -148,6 +153,11 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in self.model.parameters() if p.requires_grad], self.cfg.optim.max_grad_norm
         )
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        if not (math.isfinite(totals.get("loss", 0.0)) and math.isfinite(float(grad_norm))):
+            # Every rank sees the same reduced loss and global norm, so all skip together.
+            self.optimizer.zero_grad(set_to_none=True)
+            return self._skip("non-finite loss or gradient", samples, started)
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
@@ -157,9 +167,7 @@ class Trainer:
         fresh_tokens = totals.pop("fresh_tokens", 0.0)
         return StepResult(
             loss=totals.pop("loss", 0.0) / tokens,
-            grad_norm=float(
-                grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-            ),
+            grad_norm=float(grad_norm),
             entropy=totals.pop("entropy", 0.0) / max(1.0, loss_tokens),
             mismatch_kl=totals.pop("mismatch_kl", 0.0) / fresh_tokens if fresh_tokens else math.nan,
             lr=lr,
@@ -174,12 +182,23 @@ class Trainer:
             },
         )
 
-    def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+    def _skip(self, reason: str, samples: Sequence[TrainSample], started: float) -> StepResult:
+        """A step that leaves the weights as they are: the LR schedule still advances, since
+        the version does."""
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        return StepResult(
+            loss=math.nan,
+            grad_norm=math.nan,
+            entropy=math.nan,
+            mismatch_kl=math.nan,
+            lr=lr,
+            num_samples=len(samples),
+            num_tokens=0,
+            input_tokens=0,
+            seconds=time.perf_counter() - started,
+            skipped=reason,
+        )
 
 
 def _empty_batch() -> MicroBatch:

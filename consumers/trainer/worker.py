@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ from rlbus.bus import Bus, Delivery
 from rlbus.consumers.heartbeat import keep_announcing
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, TrainerState
 from rlbus.consumers.trainer.engine import StepResult
-from rlbus.schemas import TrainBatch, TrainSample, TrainStep, WeightVersion, derived_id
+from rlbus.schemas import TrainBatch, TrainSample, TrainStep, WeightVersion, derived_id, group_of
 from rlbus.schemas.staleness import filter_stale
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ class TrainerWorker:
         self.max_steps = max_steps
         self.stop = stop
         self.trained = set(state.batch_ids)
+        self.skipped: Counter[str] = Counter()
+        """Steps that left the weights as they were, by reason (StepResult.skipped)."""
         self.last: StepResult | None = None
         self.announced: WeightVersion | None = None
         """The newest version published, re-published while the trainer runs (keep_announcing)."""
@@ -97,11 +100,7 @@ class TrainerWorker:
             batch = delivery.event
             # Batches past max_steps are left alone; everything else polled is trained, even
             # after a stop request, because its offset is committed when this returns.
-            if (
-                not isinstance(batch, TrainBatch)
-                or batch.run_id != self.run_id
-                or self.state.step >= self.max_steps
-            ):
+            if not isinstance(batch, TrainBatch) or self.state.step >= self.max_steps:
                 continue
             if batch.batch_id in self.trained:
                 log.info(
@@ -134,6 +133,14 @@ class TrainerWorker:
         await self._announce(
             self._step_event(batch, result, batch.dropped_stale + fresh.dropped, fresh.histogram)
         )
+        if result.skipped:
+            self.skipped[result.skipped] += 1
+            log.warning(
+                "step %d: weights left as they were (%s); %s so far",
+                self.state.step,
+                result.skipped,
+                dict(self.skipped),
+            )
         log.info(
             "step %d: loss %.4f grad norm %.3f kl %.2e (%d samples, %.2fs)",
             self.state.step,
@@ -165,6 +172,7 @@ class TrainerWorker:
             staleness=histogram,
             metrics={
                 **r.metrics,
+                **({f"skipped: {r.skipped}": 1.0} if r.skipped else {}),
                 "loss_tokens": float(r.num_tokens),
                 "step_s": r.seconds,
                 "batch_step": float(batch.step),
@@ -187,7 +195,9 @@ async def run_trainer(bus: Bus, worker: TrainerWorker) -> TrainerWorker:
         keep_announcing(bus, lambda: worker.announced, every_s, worker.stop)
     )
     try:
-        await bus.subscriber("batches", group=GROUP, batch=True)(worker.handle).run(worker.stop)
+        group = group_of(GROUP, worker.run_id)
+        consume = bus.subscriber("batches", group=group, batch=True, run=worker.run_id)
+        await consume(worker.handle).run(worker.stop)
     finally:
         announcing.cancel()
     return worker

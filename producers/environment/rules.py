@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import inspect
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +33,14 @@ ALLOWED: dict[Kind, frozenset[str]] = {
 }
 
 
+@functools.cache
+def _threads() -> ThreadPoolExecutor:
+    """Threads for synchronous rules, apart from the event loop's default pool: rules that run
+    past their timeout keep their thread until they return, and must not starve the rest of
+    the process (store inserts, file reads) of threads."""
+    return ThreadPoolExecutor(max_workers=32, thread_name_prefix="rlbus-rule")
+
+
 class RuleError(TypeError):
     """A tagged method whose signature cannot be served."""
 
@@ -47,8 +58,13 @@ class Rule:
     takes_all: bool = False
 
     async def __call__(self, available: Mapping[str, Any], **own: Any) -> Any:
+        """Run the rule. A synchronous one runs on a thread of its own pool, so a slow one
+        (a long diff, a parser) neither blocks the event loop nor the timeouts of the others."""
         kwargs = dict(available) if self.takes_all else {p: available[p] for p in self.injected}
-        result = self.fn(**kwargs, **own)
+        if inspect.iscoroutinefunction(self.fn):
+            return await self.fn(**kwargs, **own)
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(_threads(), functools.partial(self.fn, **kwargs, **own))
         return await result if inspect.isawaitable(result) else result
 
 

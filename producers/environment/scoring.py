@@ -5,6 +5,7 @@ scoring errored, with the rule's name and the reason; the others are scored as u
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,15 @@ def rollout_arguments(rollout: RolloutCompleted) -> dict[str, Any]:
     }
 
 
+def finite(rule: Rule, value: Any) -> float:
+    """A rule's value as a float; NaN and infinities are errors, never data (one NaN reward
+    in a group poisons every advantage of it, and from there every weight)."""
+    number = float(value)
+    if not math.isfinite(number):
+        raise RuleFailed(f"{rule.kind} {rule.name!r} returned {number} (not finite)")
+    return number
+
+
 @dataclass
 class _Card:
     """One rollout's scores while they are being computed."""
@@ -93,7 +103,7 @@ class Scorer:
     async def _score_one(self, card: _Card) -> None:
         for rule in (*self.rules.rewards, *self.rules.metrics):
             try:
-                value = float(await self._apply(rule, card.args))
+                value = finite(rule, await self._apply(rule, card.args))
             except (RuleFailed, TypeError, ValueError) as exc:
                 card.error = card.error or str(exc)
                 continue
@@ -117,7 +127,7 @@ class Scorer:
         }
         for rule in self.rules.group_rewards:
             try:
-                values = [float(v) for v in await self._apply(rule, group_args)]
+                values = [finite(rule, v) for v in await self._apply(rule, group_args)]
                 if len(values) != len(ok):
                     raise RuleFailed(
                         f"group_reward {rule.name!r} returned {len(values)} scores for a group of "
@@ -130,12 +140,15 @@ class Scorer:
             for card, value in zip(ok, values, strict=True):
                 card.rewards[rule.name] = value
 
-    async def score(self, rollouts: Sequence[RolloutCompleted]) -> list[RolloutScored]:
-        """Score rollouts of one group (all of it when the task set has group rewards)."""
+    async def score(
+        self, rollouts: Sequence[RolloutCompleted], failed: str = ""
+    ) -> list[RolloutScored]:
+        """Score rollouts of one group (all of it when the task set has group rewards).
+        `failed`: score them as errors with this reason instead (a group that never completed)."""
         ordered = sorted(rollouts, key=lambda r: r.sample_index)
         cards = [
-            _Card(r, rollout_arguments(r), error=r.error or f"rollout {r.status}")
-            if r.status != "ok"
+            _Card(r, rollout_arguments(r), error=failed or r.error or f"rollout {r.status}")
+            if failed or r.status != "ok"
             else _Card(r, rollout_arguments(r))
             for r in ordered
         ]

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import signal
+import threading
 
 import typer
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from rich.table import Table
 
-from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, settings_from
+from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, fail, settings_from
 from rlbus.config import Settings
 from rlbus.console import console
-from rlbus.discovery import local_broker, require_bootstrap
+from rlbus.discovery import announced_broker, local_broker, require_bootstrap
 from rlbus.schemas import TOPICS
 
 
@@ -21,22 +22,33 @@ def broker(ctx: typer.Context, config: ConfigOption = None) -> None:
     """Start the embedded Kafka-protocol broker (Tansu) alone and print its address.
 
     Other rlbus commands on this machine find it without configuration; other tools use
-    the printed bootstrap address. Data is in memory: it is gone when this stops.
+    the printed bootstrap address. Data is in memory: it is gone when this stops (Ctrl-C,
+    SIGTERM or SIGHUP), and if Tansu dies this says so and exits.
     """
     settings = settings_from(ctx, config)
     if settings.kafka.bootstrap_servers:
         raise typer.BadParameter("kafka.bootstrap_servers is set: there is a broker already")
-    with local_broker(settings) as live:
+    running = announced_broker(settings)
+    if running is not None:
+        raise fail(f"a broker already runs at {running.address} (process {running.pid})", 1)
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    with local_broker(settings) as (live, started):
+        assert started is not None
         console.print(
-            f"embedded broker listening; bootstrap servers: "
+            f"embedded broker (Tansu process {started.pid}) listening; bootstrap servers: "
             f"[bold]{live.kafka.bootstrap_servers}[/bold]"
         )
         console.print("Ctrl-C to stop")
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            console.print("stopped")
+        while not stopping.wait(1.0):
+            if not started.alive():
+                raise fail(
+                    f"Tansu (process {started.pid}) died; everything it held is gone. Its log: "
+                    f"{started.log_path}",
+                    1,
+                )
+    console.print("stopped")
 
 
 async def _describe(settings: Settings) -> tuple[Table, Table]:
@@ -63,23 +75,27 @@ async def _describe(settings: Settings) -> tuple[Table, Table]:
         for col in ("group", "topic", "committed", "lag"):
             groups.add_column(col, justify="right" if col in ("committed", "lag") else "left")
         prefix = settings.kafka.topic_prefix
-        for topic in TOPICS:
-            name = prefix + topic.name
-            if name not in partitions:
-                continue
-            tps = [TopicPartition(name, p) for p in partitions[name]]
-            for group in topic.groups:
-                # Explicit partitions: the embedded broker drops the connection on an
-                # all-partitions OffsetFetch, and has no ListGroups.
-                offsets = await admin.list_consumer_group_offsets(prefix + group, partitions=tps)
-                committed = {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
-                if committed:
-                    # Clamped: Tansu 0.6 reports a batch-produced partition's end offset as its
-                    # last batch's base offset + 1, below what consumers have committed.
-                    lag = sum(max(0, ends.get(tp, 0) - committed.get(tp, 0)) for tp in tps)
-                    groups.add_row(
-                        prefix + group, topic.name, f"{sum(committed.values()):,}", f"{lag:,}"
-                    )
+        listed = sorted(g for g, _ in await admin.list_consumer_groups() if g.startswith(prefix))
+        ours = [
+            TopicPartition(prefix + t.name, p)
+            for t in TOPICS
+            for p in partitions.get(prefix + t.name, ())
+        ]
+        for group in listed:
+            # Explicit partitions: the embedded broker drops the connection on an
+            # all-partitions OffsetFetch.
+            offsets = await admin.list_consumer_group_offsets(group, partitions=ours)
+            by_topic: dict[str, dict[TopicPartition, int]] = {}
+            for tp, meta in offsets.items():
+                if meta.offset >= 0:
+                    by_topic.setdefault(tp.topic, {})[tp] = meta.offset
+            for name, committed in sorted(by_topic.items()):
+                # Clamped: Tansu 0.6 reports a batch-produced partition's end offset as its
+                # last batch's base offset + 1, below what consumers have committed.
+                tps = [TopicPartition(name, p) for p in partitions[name]]
+                lag = sum(max(0, ends.get(tp, 0) - committed.get(tp, 0)) for tp in tps)
+                topic = name[len(prefix) :]
+                groups.add_row(group, topic, f"{sum(committed.values()):,}", f"{lag:,}")
         return topics, groups
     finally:
         await consumer.stop()
@@ -87,7 +103,8 @@ async def _describe(settings: Settings) -> tuple[Table, Table]:
 
 
 def topics(ctx: typer.Context, config: ConfigOption = None) -> None:
-    """List topics with partition counts and end offsets, and the lag of each rlbus role's group."""
+    """List topics with partition counts and end offsets, and the committed offsets and lag of
+    every consumer group on them (every role of every run, and users' own consumers)."""
     settings = require_bootstrap(settings_from(ctx, config))
     for table in asyncio.run(_describe(settings)):
         console.print(table)

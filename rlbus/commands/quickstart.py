@@ -49,7 +49,7 @@ def quickstart(
     settings = settings.model_copy(update={"run_id": run_id})
     logs = data_dir(settings) / "logs"
     p = {"run": run_id}
-    with local_broker(settings) as live:
+    with local_broker(settings) as (live, _):
         console.print(
             f"broker: {live.kafka.bootstrap_servers}   store: {live.store.url}   logs: {logs}"
         )

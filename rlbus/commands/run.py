@@ -21,7 +21,7 @@ from rlbus.commands.common import (
 from rlbus.config import ConfigError
 from rlbus.config.run import ReplayConfig, load_run_config
 from rlbus.console import console, progress
-from rlbus.launch.supervisor import LocalRun
+from rlbus.launch.supervisor import BrokerLost, LocalRun
 
 replay_app = typer.Typer(
     help="Train on stored rollouts (exact stored token ids, never re-rendered text).",
@@ -56,12 +56,23 @@ def run(ctx: typer.Context, config: ConfigArgument, resume: ResumeOption = False
             f"({checkpoints.url}): pass --resume, or set another run_id",
             1,
         )
+    local = LocalRun(cfg, config, list(ctx.args), resume, console)
     try:
-        with exits_on(RuntimeError, TimeoutError):
-            code = LocalRun(cfg, config, list(ctx.args), resume, console).run()
+        code = local.run()
     except KeyboardInterrupt:
         console.print("stopped; continue with --resume")
         raise typer.Exit(130) from None
+    except BrokerLost as exc:
+        lost = local.unstored()
+        what = ", ".join(f"{n:,} on {topic}" for topic, n in lost.items()) or "nothing"
+        raise fail(
+            f"{exc}: run {cfg.run_id} stopped. Acknowledged by the broker but not in the store: "
+            f"{what} ({sum(lost.values()):,} events, lost with it); everything else is in "
+            f"{cfg.store.url}. Continue with: rlbus run {config} --resume",
+            1,
+        ) from exc
+    except (RuntimeError, TimeoutError) as exc:
+        raise fail(exc) from exc
     done = f"run {cfg.run_id} finished at step {cfg.max_steps}"
     console.print(done if code == 0 else f"orchestrator exited {code}")
     query = f"SELECT * FROM reward_by_step WHERE run_id = '{cfg.run_id}' ORDER BY step"

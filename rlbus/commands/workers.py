@@ -75,6 +75,13 @@ def env(
         str | None,
         typer.Option(help="Train mode: model directory whose tokenizer renders prompts."),
     ] = None,
+    run_envs: Annotated[
+        str | None,
+        typer.Option(
+            help="Every environment of the run, comma-separated: the producer of the first "
+            "dead-letters tasks naming none of them."
+        ),
+    ] = None,
     config: ConfigOption = None,
 ) -> None:
     """Env producer: consume `tasks` of ENV, run each task's group, publish traces, tokens and
@@ -94,7 +101,8 @@ def env(
     )
 
     async def main(stop: asyncio.Event) -> int:
-        return (await run_env_producer(settings, environment, stop)).rollouts
+        envs = frozenset(e for e in (run_envs or "").split(",") if e)
+        return (await run_env_producer(settings, environment, stop, run_envs=envs)).rollouts
 
     console.print(f"env producer stopped after {run_until_signal(main):,} rollouts")
 

@@ -139,6 +139,11 @@ class EnvConfig(Section):
     """Rollouts in flight at once in one env producer."""
     reward_timeout_s: float = Field(60, gt=0)
     """A reward, metric or group reward running longer marks its rollouts errored."""
+    group_wait_s: float = Field(900, gt=0)
+    """With group rewards, a group still missing rollouts this long after its first arrived is
+    scored as errors (counted), so it never holds back the judge's commits."""
+    max_group_size: int = Field(256, ge=1)
+    """Largest group_size a task may ask for; a larger one is dead-lettered, naming both."""
     harness: HarnessConfig = HarnessConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     sampling: SamplingConfig = SamplingConfig()

@@ -71,3 +71,6 @@ class OrchestratorConfig(Section):
     """Share of each task set kept out of training (chosen by a hash of the task id)."""
     seed: int = 0
     """Seed of the training task order (a shuffle buffer over each task set)."""
+    incomplete_after_s: float = Field(1800, gt=0)
+    """A rollout whose pieces (trace, tokens, rollout, score) are not all in this long after the
+    first is dropped and counted, so it never holds back the commits of what came after it."""

@@ -33,6 +33,14 @@ class KafkaConfig(Section):
     """Producer batching delay in milliseconds."""
     fetch_max_records: int = Field(2000, ge=1)
     """Most records one consumer poll hands to a handler."""
+    ack_ledger: str = ""
+    """Directory where a process writes, when its bus stops, the highest offset the broker
+    acknowledged per topic and partition; `rlbus run` sets it, to count what a dead embedded
+    broker took with it. Empty: not written."""
+    ack_ledger: str = ""
+    """Directory where a process writes, when its bus stops, the highest offset the broker
+    acknowledged per topic and partition; `rlbus run` sets it, to count what a dead embedded
+    broker took with it. Empty: not written."""
     announce_every_s: float = Field(5.0, gt=0)
     """Trainers and inference workers re-publish their current weights version this often, so a
     consumer that restarts past the original (the orchestrator) learns where the run stands."""
@@ -51,6 +59,9 @@ class StoreConfig(Section):
     """Address of that read-only endpoint."""
     dedup_window: int = Field(DEFAULT_DEDUP_WINDOW, ge=0)
     """Inserted blocks remembered per table for insert_deduplication_token."""
+    conflict_check_s: float = Field(5.0, gt=0)
+    """The sink looks this often for ids newly stored with a second, different content (the
+    `conflicts` view) and logs each once."""
 
 
 class ClaimCheckConfig(Section):

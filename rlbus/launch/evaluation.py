@@ -89,7 +89,7 @@ def run_eval(
     show_progress: bool = True,
 ) -> EvalResult:
     """Evaluate the first `n` tasks of `env`; returns once every score is in the store."""
-    with local_broker(settings) as live, local_sink(live) as sink:
+    with local_broker(settings) as (live, _), local_sink(live) as sink:
         run_id = _run_id(sink, env, run_id, resume)
         done: set[str] = set()
         if resume:
@@ -97,6 +97,11 @@ def run_eval(
                 done = scored_tasks(store, run_id, env.id)
         scope = {"run": run_id, "env": env.id}
         before = sink.count(SCORED, scope)
+        if before and not resume:
+            raise EvalError(
+                f"run {run_id!r} already has {before:,} scored rollouts of {env.id} in "
+                f"{live.store.url}: pass --resume to continue it, or another --run-id"
+            )
         live = live.model_copy(update={"run_id": run_id})
         fields = (
             TextColumn("errors {task.fields[errors]}"),

@@ -55,7 +55,8 @@ async def local_roles(
                     path = env_file(entry, name, base_dir, envs_dir, cfg.model, url)
                     env = load_environment(str(path))
                     for _ in range(entry.producers):
-                        roles.append(asyncio.create_task(run_env_producer(cfg, env, stop)))
+                        producer = run_env_producer(cfg, env, stop, run_envs=frozenset(cfg.envs))
+                        roles.append(asyncio.create_task(producer))
                     for _ in range(entry.judges):
                         roles.append(asyncio.create_task(run_judge(cfg, [env], stop)))
                 roles.append(asyncio.create_task(trainer.run(trainer_stop)))

@@ -14,16 +14,23 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 
-from rlbus.bus import free_port
+from rlbus.bus import EmbeddedBroker, free_port
+from rlbus.bus.store import open_store
 from rlbus.bus.waiting import wait_for
 from rlbus.clients.inference import healthy
 from rlbus.config import Settings, data_dir
 from rlbus.config.run import RunConfig
-from rlbus.discovery import local_broker, store_served_elsewhere
+from rlbus.discovery import local_broker, reachable, store_served_elsewhere
 from rlbus.launch.dashboard import FINAL_STEP, Dashboard
 from rlbus.launch.env_files import env_file
 from rlbus.launch.local_sink import LocalSink
+from rlbus.launch.losses import unstored
 from rlbus.launch.processes import RoleProcess, alive
+
+
+class BrokerLost(RuntimeError):
+    """The broker of a run died under it (an embedded one holds its topics in memory)."""
+
 
 STOP_ORDER = {"orchestrator": 0, "env": 1, "judge": 2, "trainer": 3, "inference": 4, "sink": 5}
 """Orchestrator and producers first, the trainer (finishing its batch), inference, the sink last."""
@@ -47,6 +54,26 @@ class LocalRun:
         self.console = console
         self.run_dir = data_dir(cfg) / "runs" / cfg.run_id
         self.processes: list[RoleProcess] = []
+        self.broker: EmbeddedBroker | None = None
+        """The embedded broker this run started (None: a configured or announced one)."""
+        self.started = time.time()
+        """When this launch began: what the store holds from before belongs to earlier ones."""
+
+    @property
+    def acks(self) -> Path:
+        """Where this launch's processes write what the broker acknowledged (bus.ledger)."""
+        return self.run_dir / "acks" / f"{self.started:.0f}"
+
+    def unstored(self) -> dict[str, int]:
+        """After the broker died and the roles stopped: what it took with it, per topic."""
+        with open_store(self.cfg.store.url, read_only=True) as store:
+            return unstored(store, self.acks, self.cfg.kafka.topic_prefix, self.started)
+
+    def _check_broker(self, address: str) -> None:
+        """Raise BrokerLost when the run's broker is gone."""
+        gone = not self.broker.alive() if self.broker is not None else not reachable(address)
+        if gone:
+            raise BrokerLost(f"the broker at {address} is gone")
 
     def _start(self, role: str, settings: Settings, args: list[str]) -> RoleProcess:
         process = RoleProcess(role, settings, self.run_dir / "logs", args)
@@ -55,7 +82,13 @@ class LocalRun:
 
     def run(self, timeout_s: float = 600) -> int:
         """Returns the orchestrator's exit code (0: max_steps reached and evaluated)."""
-        with local_broker(self.cfg.base()) as base:
+        self.started = time.time()
+        with local_broker(self.cfg.base()) as (base, broker):
+            self.broker = broker
+            ledger = str(self.acks)
+            base = base.model_copy(
+                update={"kafka": base.kafka.model_copy(update={"ack_ledger": ledger})}
+            )
             self.console.print(
                 f"broker {base.kafka.bootstrap_servers} · store {base.store.url} · "
                 f"logs {self.run_dir / 'logs'}"
@@ -91,8 +124,9 @@ class LocalRun:
         envs_dir = self.run_dir / "envs"
         for name, entry in self.cfg.envs.items():
             path = env_file(entry, name, self.config_path.parent, envs_dir, self.cfg.model, url)
+            run_envs = ",".join(self.cfg.envs)
             for _ in range(entry.producers):
-                self._start("env", base, [str(path)])
+                self._start("env", base, [str(path), "--run-envs", run_envs])
             for _ in range(entry.judges):
                 self._start("judge", base, [str(path)])
         # Roles that run until stopped, so any exit is a failure (the trainer may end at max_steps).
@@ -103,6 +137,7 @@ class LocalRun:
         dashboard = Dashboard(self.cfg.run_id, base.store.url)
         with Live(dashboard.refresh(), console=self.console, refresh_per_second=2) as live:
             while orchestrator.alive():
+                self._check_broker(base.kafka.bootstrap_servers or "")
                 services()
                 if not trainer.alive() and trainer.proc.returncode != 0:
                     trainer.check()

@@ -1,0 +1,59 @@
+"""Reading a topic back from its start: what a restarting role published before it stopped
+(the orchestrator's own batches, an event subscriber's progress), outside any consumer group."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+
+from rlbus.bus.messages import from_record
+from rlbus.schemas import Event
+
+if TYPE_CHECKING:
+    from rlbus.bus.bus import Bus
+
+
+async def read_records(bus: Bus, topic: str, idle_ms: int = 500) -> list[ConsumerRecord]:
+    """Every record on `topic` (unprefixed), oldest first per partition, up to its end when
+    called: where every partition's reported end offset has been passed and a poll of
+    `idle_ms` brought nothing more (the embedded broker can under-report end offsets)."""
+    name = bus.topics.name(topic)
+    await bus.topics.ensure([topic])
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bus.kafka.bootstrap_servers, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        await consumer.topics()  # metadata, so the partitions are known
+        tps = [TopicPartition(name, p) for p in sorted(consumer.partitions_for_topic(name) or ())]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        await consumer.seek_to_beginning(*tps)
+        records: list[ConsumerRecord] = []
+        while True:
+            polled = await consumer.getmany(timeout_ms=idle_ms)
+            for batch in polled.values():
+                records.extend(batch)
+            if polled:
+                continue
+            positions = [await consumer.position(tp) for tp in tps]
+            if all(position >= ends[tp] for position, tp in zip(positions, tps, strict=True)):
+                return records
+    finally:
+        await consumer.stop()
+
+
+async def read_back(bus: Bus, topic: str, run_id: str) -> list[Event]:
+    """Every event of `run_id` on `topic` (unprefixed), oldest first per partition, up to its
+    end when called. Messages that do not decode are left to the consumers that dead-letter
+    them."""
+    events: list[Event] = []
+    for record in await read_records(bus, topic):
+        try:
+            event = from_record(topic, record, bus.claims)
+        except Exception:  # not ours to judge here
+            continue
+        if event.run_id == run_id:
+            events.append(event)
+    return events

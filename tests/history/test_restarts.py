@@ -1,0 +1,237 @@
+"""Each role's restart is exact (issue 14, findings 5 and 6): an orchestrator that stops with
+groups joined but not yet batched finds them again, and never batches a group twice."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+from rlbus.bus import Bus, Delivery
+from rlbus.config import Settings, load_settings
+from rlbus.config.run import RunConfig
+from rlbus.consumers.orchestrator.build import build_orchestrator
+from rlbus.consumers.orchestrator.worker import run_orchestrator
+from rlbus.schemas import (
+    Event,
+    RolloutCompleted,
+    RolloutScored,
+    TokenRecord,
+    TraceNode,
+    TrainBatch,
+    WeightLoaded,
+    WeightVersion,
+    derived_id,
+)
+from rlbus.schemas.packed import pack_logprobs, pack_tokens
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reverse_text"
+SIZE = 2
+
+
+def run_config(settings: Settings) -> RunConfig:
+    data = settings.model_dump(mode="json", exclude_none=True)
+    return load_settings(
+        overrides={
+            **data,
+            "model": "unused (grpo needs no tokenizer)",
+            "max_steps": 50,
+            "orchestrator": {
+                "tasks_per_step": 4,
+                "max_inflight_tasks": 1,
+                "max_off_policy_steps": 100,
+                "drop_zero_signal": False,
+            },
+            "envs": {
+                "reverse_text": {
+                    "path": str(EXAMPLE / "env.toml"),
+                    "overrides": {"group_size": SIZE},
+                }
+            },
+        },
+        model=RunConfig,
+    )
+
+
+def group(run_id: str, name: str) -> list[Event]:
+    """A scored group of SIZE rollouts with whole traces, as env producers and judges publish."""
+    group_id = derived_id("group", name)
+    events: list[Event] = []
+    for i in range(SIZE):
+        rollout_id = derived_id(group_id, i)
+        common = {"run_id": run_id, "rollout_id": rollout_id}
+        prompt = TraceNode(node_id=f"{rollout_id}-0", token_ids=pack_tokens([1, 2, 3]), **common)
+        answer = TraceNode(
+            node_id=f"{rollout_id}-1",
+            parent_id=prompt.node_id,
+            index=1,
+            token_ids=pack_tokens([4, 5]),
+            sampled=True,
+            call_index=0,
+            **common,
+        )
+        record = TokenRecord(
+            group_id=group_id,
+            node_id=answer.node_id,
+            completion_ids=pack_tokens([4, 5]),
+            logprobs=pack_logprobs([-0.1, -0.2]),
+            **common,
+        )
+        place = {
+            "group_id": group_id,
+            "task_id": name,
+            "env": "reverse_text",
+            "sample_index": i,
+            "group_size": SIZE,
+        }
+        rollout = RolloutCompleted(num_turns=1, info={"split": "train"}, **place, **common)
+        scored = RolloutScored(reward=float(i), **place, **common)
+        events += [prompt, answer, record, rollout, scored]
+    return events
+
+
+async def orchestrating(cfg: RunConfig, stop: asyncio.Event):
+    async with Bus.of(cfg) as bus:
+        orchestrator = build_orchestrator(bus, cfg, EXAMPLE)
+        await run_orchestrator(bus, orchestrator, stop)
+    return orchestrator
+
+
+async def batches_of(cfg: RunConfig, n: int) -> list[TrainBatch]:
+    got: list[TrainBatch] = []
+    done = asyncio.Event()
+
+    async def collect(deliveries: list[Delivery]) -> None:
+        got.extend(d.event for d in deliveries if isinstance(d.event, TrainBatch))
+        if len(got) >= n:
+            done.set()
+
+    async with Bus.of(cfg) as bus:
+        watch = bus.subscriber("batches", group=f"watch-{uuid.uuid4().hex}", batch=True)(collect)
+        await asyncio.wait_for(watch.run(done), 120)
+    return got
+
+
+async def test_groups_joined_before_a_restart_are_batched_after_it_and_never_twice(
+    settings: Settings,
+) -> None:
+    cfg = run_config(settings)
+    run = cfg.run_id
+    # The trainer and inference workers re-announce these every few seconds.
+    announcements = [
+        WeightVersion(version=0, uri="x", run_id=run),
+        WeightLoaded(version=0, worker_id="w", run_id=run),
+    ]
+    async with Bus.of(cfg) as bus:
+        await bus.publish_many(announcements)
+        first_stop = asyncio.Event()
+        first = asyncio.create_task(orchestrating(cfg, first_stop))
+        for name in ["a", "b", "c", "d", "e", "f"]:  # one batch of four, two groups left over
+            await bus.publish_many(group(run, name))
+        (batch1,) = await batches_of(cfg, 1)
+        await asyncio.sleep(2)  # the two left over are joined, waiting for two more
+        first_stop.set()
+        await first
+        second_stop = asyncio.Event()
+        second = asyncio.create_task(orchestrating(cfg, second_stop))
+        await bus.publish_many(announcements)
+        for name in ["g", "h"]:
+            await bus.publish_many(group(run, name))
+        batches = await batches_of(cfg, 2)
+        second_stop.set()
+        restarted = await second
+    batch2 = next(b for b in batches if b.step == 2)
+    in1 = {s.rollout_id for s in batch1.samples}
+    in2 = {s.rollout_id for s in batch2.samples}
+    assert len(in1) == len(in2) == 4 * SIZE and not in1 & in2  # eight groups, each trained once
+    assert restarted.step == 2
+
+
+async def test_a_restarted_inference_worker_serves_the_runs_weights_before_anything_else(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The run is at version 3 when an inference worker (re)starts: until it has loaded version
+    3 it answers 503, health included, and the first completion it serves is version 3's. On
+    main it served its starting weights, labelled version 0, at once."""
+    import httpx
+    from safetensors.torch import save_file
+
+    from rlbus.bus import free_port
+    from rlbus.consumers.inference.model_init import init_model
+    from rlbus.consumers.inference.service import build_app, build_backend
+    from rlbus.consumers.inference.worker import run_worker
+
+    model = tmp_path / "tiny"
+    init_model(model, seed=0)
+    backend = build_backend(model)
+    weights = tmp_path / "v3.safetensors"
+    save_file({n: p.detach() * 1.5 for n, p in backend.model.named_parameters()}, str(weights))
+    async with Bus.of(settings) as bus:
+        await bus.publish(WeightVersion(version=3, step=3, uri=str(weights)))
+    port = free_port()
+    stop = asyncio.Event()
+    worker = asyncio.create_task(
+        run_worker(settings, backend, build_app(backend, model), "127.0.0.1", port, stop)
+    )
+    seen: list[tuple[int, int | None]] = []
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            for _ in range(600):
+                try:
+                    health = await http.get("/health")
+                except httpx.TransportError:
+                    await asyncio.sleep(0.05)
+                    continue
+                seen.append((health.status_code, health.json().get("policy_version")))
+                if health.status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            body = {"prompt_ids": [1, 2, 3], "sampling": {"max_tokens": 2}}
+            generated = (await http.post("/v1/generate", json=body)).json()
+    finally:
+        stop.set()
+        await worker
+    assert seen[-1] == (200, 3), seen
+    assert all(code == 503 for code, _ in seen[:-1])
+    assert generated["policy_version"] == 3
+
+
+async def test_a_restarted_event_subscriber_runs_only_what_it_had_not_finished(
+    settings: Settings,
+) -> None:
+    """One slow event keeps its partition's commit back while twenty quick ones after it finish
+    (an env producer's long rollout): after a restart only the slow one runs again. On main the
+    twenty ran again too, under the same output ids with new content."""
+    from rlbus.schemas import RolloutCompleted
+
+    async with Bus.of(settings) as bus:
+        await bus.publish_many(
+            [
+                RolloutCompleted(rollout_id=str(i), group_id="g", task_id="t", env="e")
+                for i in range(21)
+            ]
+        )  # one key: one partition, in order
+        first: list[str] = []
+        stop = asyncio.Event()
+
+        async def stuck_on_three(d: Delivery) -> None:
+            if d.event.rollout_id == "3":  # type: ignore[attr-defined]
+                await asyncio.Event().wait()
+            first.append(d.event.rollout_id)  # type: ignore[attr-defined]
+            if len(first) == 20:
+                stop.set()
+
+        consume = bus.subscriber("rollouts", group="env", concurrency=4)(stuck_on_three)
+        await asyncio.wait_for(consume.run(stop), 60)
+        again: list[str] = []
+        stop_again = asyncio.Event()
+
+        async def record(d: Delivery) -> None:
+            again.append(d.event.rollout_id)  # type: ignore[attr-defined]
+            stop_again.set()
+
+        restarted = bus.subscriber("rollouts", group="env", concurrency=4)(record)
+        await asyncio.wait_for(restarted.run(stop_again), 60)
+        await asyncio.sleep(1)  # anything else would have come by now
+    assert sorted(first, key=int) == [str(i) for i in range(21) if i != 3]
+    assert again == ["3"]
