@@ -36,10 +36,8 @@ def broker(ctx: typer.Context, config: ConfigOption = None) -> None:
         signal.signal(sig, lambda *_: stopping.set())
     with local_broker(settings) as (live, started):
         assert started is not None
-        console.print(
-            f"embedded broker (Tansu process {started.pid}) listening; bootstrap servers: "
-            f"[bold]{live.kafka.bootstrap_servers}[/bold]"
-        )
+        console.print(f"embedded broker listening (Tansu process {started.pid})")
+        console.print(f"bootstrap servers: [bold]{live.kafka.bootstrap_servers}[/bold]")
         console.print("Ctrl-C to stop")
         while not stopping.wait(1.0):
             if not started.alive():
