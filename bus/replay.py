@@ -14,10 +14,11 @@ if TYPE_CHECKING:
     from rlbus.bus.bus import Bus
 
 
-async def read_records(bus: Bus, topic: str, idle_ms: int = 500) -> list[ConsumerRecord]:
+async def read_records(bus: Bus, topic: str, poll_ms: int = 500) -> list[ConsumerRecord]:
     """Every record on `topic` (unprefixed), oldest first per partition, up to its end when
-    called: where every partition's reported end offset has been passed and a poll of
-    `idle_ms` brought nothing more (the embedded broker can under-report end offsets)."""
+    called: every partition read past the end offset it reported then. What is appended
+    meanwhile is not waited for (a busy topic would never end). The embedded broker may report
+    a partition's end as its last batch's first offset + 1: a fetch brings that batch whole."""
     name = bus.topics.name(topic)
     await bus.topics.ensure([topic])
     consumer = AIOKafkaConsumer(
@@ -31,15 +32,13 @@ async def read_records(bus: Bus, topic: str, idle_ms: int = 500) -> list[Consume
         ends = await consumer.end_offsets(tps)
         await consumer.seek_to_beginning(*tps)
         records: list[ConsumerRecord] = []
-        while True:
-            polled = await consumer.getmany(timeout_ms=idle_ms)
+        behind = {tp for tp in tps if ends[tp] > 0}
+        while behind:
+            polled = await consumer.getmany(*behind, timeout_ms=poll_ms)
             for batch in polled.values():
-                records.extend(batch)
-            if polled:
-                continue
-            positions = [await consumer.position(tp) for tp in tps]
-            if all(position >= ends[tp] for position, tp in zip(positions, tps, strict=True)):
-                return records
+                records.extend(batch)  # past the reported end too: newer is never wrong here
+            behind = {tp for tp in behind if await consumer.position(tp) < ends[tp]}
+        return records
     finally:
         await consumer.stop()
 

@@ -5,7 +5,6 @@ Every refusal is a DecodeError whose message says what was wrong in words a send
 
 from __future__ import annotations
 
-import hashlib
 from functools import cache
 from typing import Any, Union
 
@@ -29,14 +28,6 @@ def encode(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
-def digest(event: Event) -> int:
-    """A 64-bit digest of what an event says: every field but `ts`, so a consumer that
-    re-handles its input and re-publishes the same result under the same id (with a fresh
-    timestamp) produces the same digest, and different content under one id does not."""
-    content = _encoder.encode(msgspec.structs.replace(event, ts=0.0))
-    return int.from_bytes(hashlib.blake2b(content, digest_size=8).digest(), "little")
-
-
 def _kind_type(topic: Topic) -> Any:
     return topic.kinds[0] if len(topic.kinds) == 1 else Union[topic.kinds]  # noqa: UP007
 
@@ -49,7 +40,10 @@ def _msgpack_decoder(topic_name: str) -> msgspec.msgpack.Decoder:
 def sniff_json(raw: bytes) -> bool:
     """Whether unlabelled bytes look like JSON text rather than msgpack (an rlbus event in
     msgpack starts with a map header, never with these)."""
-    return raw.lstrip()[:1] in (b"{", b"[", b'"') or raw[:1] in (b" ", b"\n", b"\t", b"\r")
+    first = raw[:1]
+    if first in (b" ", b"\n", b"\t", b"\r"):
+        return True
+    return first in (b"{", b"[", b'"')
 
 
 def _looks_like_text(raw: bytes) -> bool:

@@ -1,4 +1,13 @@
-"""Event identifiers: time-ordered UUIDv7 for new events, deterministic ids for derived ones."""
+"""Event identifiers, and the rules that make at-least-once delivery safe:
+
+- a redelivery of the same record keeps its id; two different records never share one, across
+  broker restarts: an id known only from where a message sat also covers its broker timestamp
+  and a digest of its bytes (`record_id`);
+- a task without an id takes its natural key, (run, env, task id) (`task_event_id`);
+- an output derived from an input takes its id from (input id, producing run, sample or
+  attempt) (`derived_id`; e.g. producers.rollouts.rollout_id_of);
+- new events get time-ordered UUIDv7s (`uuid7`).
+"""
 
 from __future__ import annotations
 

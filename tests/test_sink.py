@@ -135,14 +135,17 @@ def test_sink_killed_mid_stream_loses_and_duplicates_nothing(
 
 def test_block_tokens_follow_ids_and_contents_not_offsets() -> None:
     """An embedded broker numbers offsets from 0 on every start while the store persists: the
-    dedup token of a block comes from its events' ids and content digests, so a replay is
-    dropped wherever it sat and anything new is stored."""
-    from rlbus.bus.store.arrow import events_to_arrow
+    dedup token of a block comes from its events' ids and bytes, so a replay is dropped
+    wherever it sat and anything new is stored."""
     from rlbus.bus.store.client import block_token
+    from rlbus.schemas import codec
 
     first, second = (make_event(TokenRecord, i) for i in (1, 2))
-    block = block_token(TokenRecord, events_to_arrow([first], [(0, 0)]))
-    assert block == block_token(TokenRecord, events_to_arrow([first], [(3, 99)]))  # a replay
-    assert block != block_token(TokenRecord, events_to_arrow([second], [(0, 0)]))  # a new one
     changed = msgspec.structs.replace(first, policy_version=first.policy_version + 1)
-    assert block != block_token(TokenRecord, events_to_arrow([changed], [(0, 0)]))  # new content
+
+    def token(*events: TokenRecord) -> str:
+        return block_token(TokenRecord, [(e.event_id, codec.encode(e)) for e in events])
+
+    assert token(first) == token(first)  # a replay, at whatever offset: dropped
+    assert token(first) != token(second)  # a new event: stored
+    assert token(first) != token(changed)  # new content under the same id: stored (a conflict)

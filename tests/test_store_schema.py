@@ -11,7 +11,7 @@ import clickhouse_connect
 import pytest
 
 from rlbus.bus.store import MigrationError, Store, columns, open_store
-from rlbus.bus.store.columns import EXTRA_COLUMNS, columns_of
+from rlbus.bus.store.columns import columns_of, extra_columns
 from rlbus.bus.store.ddl import id_columns
 from rlbus.bus.store.migrate import Migration, load_migrations, migrate
 from rlbus.bus.store.sqltext import read_only_problem, split_statements
@@ -37,7 +37,7 @@ def test_migrated_tables_match_the_structs(store: Store) -> None:
         )
         expected = sorted(
             [f"{c.name} {c.ch_type}" for c in columns_of(kind)]
-            + [f"{c.name} {c.spec}" for c in EXTRA_COLUMNS]
+            + [f"{c.name} {c.spec}" for c in extra_columns(kind)]
         )
         if actual != expected:
             diff = difflib.unified_diff(

@@ -16,8 +16,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from rlbus.bus.store.columns import DIGEST, Codec, Column, columns_of
-from rlbus.schemas.codec import digest
+from rlbus.bus.store.columns import Codec, Column, columns_of
 from rlbus.schemas.events import Event
 
 E = TypeVar("E", bound=Event)
@@ -56,7 +55,7 @@ def _to_arrow(column: Column, values: Sequence[Any]) -> pa.Array:
 
 def events_to_arrow(events: Sequence[Event], positions: Sequence[tuple[int, int]]) -> pa.Table:
     """One Arrow table for events of a single kind, with their (partition, offset) positions
-    and content digests."""
+    (the store computes each row's digest as it inserts it)."""
     kinds = set(map(type, events))
     if len(kinds) != 1:
         raise ValueError(
@@ -69,8 +68,7 @@ def events_to_arrow(events: Sequence[Event], positions: Sequence[tuple[int, int]
     arrays = [_to_arrow(column, list(map(attrgetter(column.name), events))) for column in columns]
     where = np.fromiter(chain.from_iterable(positions), dtype=np.int64, count=2 * len(positions))
     arrays += [pa.array(where[0::2].astype(np.uint32)), pa.array(where[1::2].astype(np.uint64))]
-    arrays.append(pa.array(np.fromiter(map(digest, events), np.uint64, len(events))))
-    names = [c.name for c in columns] + ["kafka_partition", "kafka_offset", DIGEST.name]
+    names = [c.name for c in columns] + ["kafka_partition", "kafka_offset"]
     return pa.Table.from_arrays(arrays, names=names)
 
 

@@ -12,7 +12,8 @@ import hashlib
 import os
 import threading
 import urllib.request
-from collections.abc import Sequence
+import zlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,12 +25,13 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 
 from rlbus.bus.store.arrow import arrow_to_events, events_to_arrow
-from rlbus.bus.store.columns import DIGEST, columns_of
+from rlbus.bus.store.columns import columns_of
 from rlbus.bus.store.endpoint import Endpoint
 from rlbus.bus.store.holder import ENDPOINT_FILE, holder_pid, read_endpoint
 from rlbus.bus.store.migrate import migrate
 from rlbus.bus.store.sqltext import quote, read_only_problem, trailing_format
 from rlbus.config.settings import DEFAULT_STORE_URL
+from rlbus.schemas import codec
 from rlbus.schemas.events import EVENT_TYPES, Event
 
 E = TypeVar("E", bound=Event)
@@ -156,22 +158,23 @@ class Store:
         dedup_token: str | None = None,
     ) -> int:
         """Insert events of one kind with their Kafka (partition, offset) positions, as one
-        block (see `insert_block`). Returns the number of rows sent."""
+        block (see `insert_block`); the default token covers the events' encodings. Returns the
+        number of rows sent."""
         if not events:
             return 0
-        return self.insert_block(type(events[0]), events_to_arrow(events, positions), dedup_token)
+        kind = type(events[0])
+        if dedup_token is None:
+            dedup_token = block_token(kind, [(e.event_id, codec.encode(e)) for e in events])
+        return self.insert_block(kind, events_to_arrow(events, positions), dedup_token)
 
-    def insert_block(
-        self, kind: type[Event], block: pa.Table, dedup_token: str | None = None
-    ) -> int:
-        """Insert an Arrow block of `kind`'s rows (bus.store.arrow.events_to_arrow). A block
-        re-sent with the same token is dropped by ClickHouse; the default token is a digest of
-        the block's event ids and content digests, so a replayed block is dropped whatever
-        offsets it came from, and a block with anything new is stored."""
+    def insert_block(self, kind: type[Event], block: pa.Table, dedup_token: str) -> int:
+        """Insert an Arrow block of `kind`'s rows (bus.store.arrow.events_to_arrow); ClickHouse
+        computes each row's digest. A block re-sent with the same token (block_token) is
+        dropped by ClickHouse."""
         self._check_write("insert events")
         if not block.num_rows:
             return 0
-        token = dedup_token if dedup_token is not None else block_token(kind, block)
+        token = dedup_token
         if self.data_dir is not None:
             self._insert_chdb(kind.table, block, token)
         else:
@@ -245,13 +248,13 @@ class Store:
         self.close()
 
 
-def block_token(kind: type[Event], block: pa.Table) -> str:
-    """`table#digest` of a block's (event id, content digest) pairs, in order."""
-    ids = block.column("event_id").to_pylist()
-    digests = block.column(DIGEST.name).to_numpy()
+def block_token(kind: type[Event], rows: Iterable[tuple[str, bytes]]) -> str:
+    """The insert dedup token of a block: `table#digest` of its (event id, encoded event) pairs,
+    in order. A replayed block (the same messages) gets the same token, wherever the messages
+    sat; a block with anything new, or an event with other content, does not."""
     h = hashlib.blake2b(digest_size=16)
-    for event_id, content in zip(ids, digests.tolist(), strict=True):
-        h.update(f"{event_id}:{content};".encode())
+    for event_id, raw in rows:
+        h.update(f"{event_id}:{zlib.crc32(raw):08x};".encode())
     return f"{kind.table}#{h.hexdigest()}"
 
 

@@ -84,14 +84,27 @@ POSITION_COLUMNS: tuple[ExtraColumn, ...] = (
     ExtraColumn("kafka_offset", "UInt64"),
 )
 INGESTED_AT = ExtraColumn("ingested_at", TIMESTAMP_TYPE, "now64(6)")
-DIGEST = ExtraColumn("digest", "UInt64")
-"""schemas.codec.digest of the row's event: the last column of the sorting key, so a merge
-collapses only true duplicates and one id with two contents stays visible (the conflicts view)."""
-EXTRA_COLUMNS: tuple[ExtraColumn, ...] = (*POSITION_COLUMNS, INGESTED_AT, DIGEST)
+DIGEST = "digest"
+"""A hash of what the row's event says, computed by ClickHouse as the row is inserted: the last
+column of the sorting key, so a merge collapses only true duplicates, and one id stored with
+two contents stays visible (the conflicts view)."""
+
+
+def digest_expression(kind: type[Event]) -> str:
+    """cityHash64 over every event column but `ts`: a consumer that re-handles its input and
+    re-publishes the same result under the same id, with a fresh timestamp, stores the same
+    digest; different content under one id does not."""
+    names = ", ".join(c.name for c in columns_of(kind) if c.name != "ts")
+    return f"cityHash64({names})"
+
+
+def extra_columns(kind: type[Event]) -> tuple[ExtraColumn, ...]:
+    """The columns of `kind`'s table that are not event fields."""
+    return (*POSITION_COLUMNS, INGESTED_AT, ExtraColumn(DIGEST, "UInt64", digest_expression(kind)))
 
 
 def sorting_key(kind: type[Event]) -> tuple[str, ...]:
-    return (*kind.order_by, DIGEST.name)
+    return (*kind.order_by, DIGEST)
 
 
 _PACKED_ARROW = {

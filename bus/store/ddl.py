@@ -7,7 +7,7 @@ tests/test_store_schema.py fails until the migrated tables match the Structs aga
 
 from __future__ import annotations
 
-from rlbus.bus.store.columns import EXTRA_COLUMNS, columns_of, sorting_key
+from rlbus.bus.store.columns import columns_of, extra_columns, sorting_key
 from rlbus.bus.store.sqltext import quote
 from rlbus.config.settings import DEFAULT_DEDUP_WINDOW
 from rlbus.schemas.events import EVENT_TYPES, Event
@@ -25,7 +25,7 @@ def id_columns(kind: type[Event]) -> list[str]:
 
 def create_table(kind: type[Event]) -> str:
     lines = [f"    {quote(c.name)} {c.ch_type}" for c in columns_of(kind)]
-    lines += [f"    {quote(c.name)} {c.spec}" for c in EXTRA_COLUMNS]
+    lines += [f"    {quote(c.name)} {c.spec}" for c in extra_columns(kind)]
     lines += [
         f"    INDEX {quote('idx_' + name)} {quote(name)} TYPE bloom_filter(0.01) GRANULARITY 4"
         for name in id_columns(kind)

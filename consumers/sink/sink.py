@@ -23,6 +23,7 @@ import pyarrow as pa
 from rlbus.bus import Bus, Delivery
 from rlbus.bus.store import Store, open_store
 from rlbus.bus.store.arrow import events_to_arrow
+from rlbus.bus.store.client import block_token
 from rlbus.config import Settings
 from rlbus.schemas import EVENT_TYPES, TOPICS
 
@@ -116,7 +117,12 @@ class Sink:
     def _store(self, deliveries: list[Delivery]) -> int:
         block, good = storable(deliveries)
         self.rejected += len(deliveries) - len(good)
-        return self.store.insert_block(type(good[0].event), block) if good else 0
+        if not good:
+            return 0
+        kind = type(good[0].event)
+        # The messages' own bytes: a replayed block is dropped, whatever offsets it came from.
+        rows = ((d.event.event_id, (d.record.value or b"") if d.record else b"") for d in good)
+        return self.store.insert_block(kind, block, block_token(kind, rows))
 
     async def handle(self, deliveries: list[Delivery]) -> None:
         by_table: dict[str, list[Delivery]] = defaultdict(list)

@@ -18,17 +18,28 @@ class RoleProcess:
 
     def __init__(self, role: str, settings: Settings, log_dir: Path, args: list[str] | None = None):
         self.role = role
+        self.args = list(args or [])
         self.log_path = log_dir / f"{role}.log"
         log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **settings_env(settings), "PYTHONUNBUFFERED": "1"}
+        self._env = {**os.environ, **settings_env(settings), "PYTHONUNBUFFERED": "1"}
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rlbus", "worker", role, *(args or [])],
-                env=env,
+            return subprocess.Popen(
+                [sys.executable, "-m", "rlbus", "worker", self.role, *self.args],
+                env=self._env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
+
+    def restart(self, *extra_args: str) -> None:
+        """Start the role again, after it exited or was killed (`extra_args` added, once)."""
+        if self.alive():
+            raise RuntimeError(f"{self.role} (process {self.proc.pid}) is still running")
+        self.args += [a for a in extra_args if a not in self.args]
+        self.proc = self._spawn()
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -9,6 +9,7 @@ dashboard read from the store; stops everything cleanly when the orchestrator is
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -26,6 +27,17 @@ from rlbus.launch.env_files import env_file
 from rlbus.launch.local_sink import LocalSink
 from rlbus.launch.losses import unstored
 from rlbus.launch.processes import RoleProcess, alive
+
+
+@dataclass
+class Roles:
+    """The processes of a run that its supervision looks at by name."""
+
+    sink: RoleProcess
+    trainer: RoleProcess
+    orchestrator: RoleProcess
+    url: str
+    """The inference server's /v1 URL."""
 
 
 class BrokerLost(RuntimeError):
@@ -109,7 +121,8 @@ class LocalRun:
         self._start("inference", base, [*args, "--threads", str(inference.threads)])
         return f"http://127.0.0.1:{port}/v1"
 
-    def _run(self, base: Settings, timeout_s: float) -> int:
+    def start_roles(self, base: Settings) -> Roles:
+        """Start every role of the run on `base`'s broker and store."""
         run_args = ["--config", str(self.config_path), *self.overrides]
         run_args += ["--kafka.bootstrap-servers", base.kafka.bootstrap_servers or ""]
         run_args += ["--resume"] if self.resume else []
@@ -129,6 +142,11 @@ class LocalRun:
                 self._start("env", base, [str(path), "--run-envs", run_envs])
             for _ in range(entry.judges):
                 self._start("judge", base, [str(path)])
+        return Roles(sink, trainer, orchestrator, url)
+
+    def _run(self, base: Settings, timeout_s: float) -> int:
+        roles = self.start_roles(base)
+        sink, trainer, orchestrator, url = roles.sink, roles.trainer, roles.orchestrator, roles.url
         # Roles that run until stopped, so any exit is a failure (the trainer may end at max_steps).
         services = alive(*(p for p in self.processes if p not in (orchestrator, trainer)))
         served = "the sink to serve the store"
