@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,8 @@ from rlbus.testing import ScriptedServer
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "reverse_text"
 ROLES = ("sink", "env", "judge", "orchestrator", "trainer", "inference")
+finished = threading.Event()
+"""Set between parts, when no process of the suite holds a store."""
 console = Console()
 
 
@@ -74,13 +77,14 @@ class Tally:
 
 
 def query(settings: Settings, sql: str, **params: object) -> list[tuple]:
-    """A read-only query through the sink's endpoint, retried while the store changes hands. It
-    never opens the directory itself: a chdb directory admits one process, and a reader holding
-    it while the sink restarts would keep the sink out."""
+    """A read-only query through the sink's endpoint, retried while the store changes hands.
+    While a run is on it never opens the directory itself: a chdb directory admits one process,
+    and a reader holding it while the sink restarts would keep the sink out. Once nothing of
+    the run is left (`finished`), it reads the directory directly."""
     deadline = time.monotonic() + 300
     while True:
         try:
-            if store_served_elsewhere(settings):
+            if finished.is_set() or store_served_elsewhere(settings):
                 with open_store(settings.store.url, read_only=True) as store:
                     return store.query(sql, params).rows
         except Exception:  # the store's holder went away (killed, restarting): ask again
@@ -344,8 +348,27 @@ def broker_death(workdir: Path, model: Path, steps: int) -> tuple[bool, str, boo
     resumed = subprocess.run(
         [*command, "--resume"], env=env, cwd=workdir, capture_output=True, timeout=1800
     )
-    finished = resumed.returncode == 0 and step_of(settings, "faults-broker") == steps
-    return reported, report[report.find("the broker") :][:400], finished
+    finished.set()
+    done = resumed.returncode == 0 and step_of(settings, "faults-broker") == steps
+    finished.clear()
+    return reported, report[report.find("the broker") :][:400], done
+
+
+def show(tally: Tally) -> None:
+    table = Table(title=f"{tally.part}: what landed")
+    figures = {
+        "tasks": tally.tasks,
+        "incomplete groups": tally.incomplete_groups,
+        "unscored rollouts": tally.unscored,
+        "orphan samples": tally.orphan_samples,
+        "missing steps": tally.missing_steps,
+        "empty steps": tally.empty_steps,
+        "conflicts": tally.conflicts,
+    }
+    for name in (*figures, "roles killed and back"):
+        table.add_column(name, justify="right")
+    table.add_row(*map(str, figures.values()), ", ".join(tally.survived))
+    console.print(table)
 
 
 def main() -> None:
@@ -353,35 +376,35 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="training steps of parts 1 and 3")
     parser.add_argument("--tasks", type=int, default=64, help="eval tasks of part 2")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--parts", default="train,eval,broker", help="which parts to run")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    train = evals = Tally("skipped")
+    reported = resumed = False
     with tempfile.TemporaryDirectory() as tmp:
         workdir = (args.workdir or Path(tmp)).resolve()
-        workdir.mkdir(parents=True, exist_ok=True)
         model = workdir / "tiny"
         if not model.exists():
             init_model(model, seed=0)
         started = time.monotonic()
-        train = training_under_faults(workdir, model, args.steps)
-        eval_settings = load_settings(
-            overrides={
-                "store": {"url": f"chdb://{workdir / 'eval-store'}"},
-                "claim_check": {"url": str(workdir / "claims")},
-            }
-        )
-        with local_broker(eval_settings) as (base, _):
-            evals = eval_under_faults(workdir, args.tasks, base)
-        reported, report, resumed = broker_death(workdir / "broker", model, args.steps)
-        elapsed = time.monotonic() - started
-    table = Table(title=f"fault suite ({elapsed:.0f} s)")
-    for col in ("part", "tasks", "incomplete groups", "unscored", "orphan samples",
-                "missing steps", "empty steps", "conflicts", "roles killed and back"):  # fmt: skip
-        table.add_column(col, justify="left" if col == "part" else "right")
-    for t in (train, evals):
-        table.add_row(t.part, str(t.tasks), str(t.incomplete_groups), str(t.unscored),
-                      str(t.orphan_samples), str(t.missing_steps), str(t.empty_steps),
-                      str(t.conflicts), ", ".join(t.survived))  # fmt: skip
-    console.print(table)
-    console.print(f"broker death reported: {reported} ({report}); resumed to the end: {resumed}")
+        if "train" in parts:
+            train = training_under_faults(workdir / "train", model, args.steps)
+            show(train)
+        if "eval" in parts:
+            eval_settings = load_settings(
+                overrides={
+                    "store": {"url": f"chdb://{workdir / 'eval' / 'store'}"},
+                    "claim_check": {"url": str(workdir / "eval" / "claims")},
+                }
+            )
+            with local_broker(eval_settings) as (base, _):
+                evals = eval_under_faults(workdir / "eval", args.tasks, base)
+            show(evals)
+        if "broker" in parts:
+            (workdir / "broker").mkdir(parents=True, exist_ok=True)
+            reported, report, resumed = broker_death(workdir / "broker", model, args.steps)
+            console.print(f"broker death reported: {reported} ({report}); resumed: {resumed}")
+        console.print(f"fault suite: {time.monotonic() - started:.0f} s")
     lost = train.lost + evals.lost
     conflicts = train.conflicts + evals.conflicts
     survived = sum(role in train.survived for role in ROLES)

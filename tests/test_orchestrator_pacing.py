@@ -85,16 +85,25 @@ def test_a_batch_takes_the_groups_sampled_longest_ago_first() -> None:
 
 
 def test_groups_that_errored_whole_back_off_instead_of_multiplying_tasks() -> None:
-    """A model outage errors every group: those say nothing about the yield (on main they cut
-    the keep rate to 1/8 and the orchestrator sent 8x the tasks into the outage); while they
-    are most of what comes back, at most one step's worth of tasks is in flight."""
-    pacer = observed(Pacer(tasks_per_step=16, max_off_policy_steps=2), kept=16, dropped=16)
+    """A model outage errors every group at once: those say nothing about the yield (on main
+    they cut the keep rate to 1/8 and the orchestrator sent 8x the tasks into the outage);
+    while they are most of what comes back, at most one step's worth of tasks is in flight,
+    and none for a while after each new error, the wait doubling."""
+    now = [0.0]
+    pacer = Pacer(tasks_per_step=16, max_off_policy_steps=2, clock=lambda: now[0])
+    pacer = observed(pacer, kept=16, dropped=16)
     assert pacer.keep_rate == 0.5 and pacer.max_inflight() == 64
     for _ in range(48):
         pacer.observe(kept=False, errored=True)
     assert pacer.keep_rate == 0.5 and pacer.failing
     assert pacer.max_inflight() == 16
+    assert pacer.room(step=0, max_steps=100, ready=0, inflight=10, served=0) == 0  # paused 1 s
+    now[0] = 1.0
     assert pacer.room(step=0, max_steps=100, ready=0, inflight=10, served=0) == 6
+    pacer.observe(kept=False, errored=True)  # still failing: the next pause is 2 s
+    assert pacer.room(step=0, max_steps=100, ready=0, inflight=0, served=0) == 0
+    now[0] = 3.0
+    assert pacer.room(step=0, max_steps=100, ready=0, inflight=0, served=0) == 16
     for _ in range(64):
         pacer.observe(kept=True)
     assert not pacer.failing and pacer.max_inflight() == 32

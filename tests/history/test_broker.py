@@ -75,7 +75,7 @@ def test_rlbus_broker_stops_tansu_and_withdraws_its_announcement(
 ) -> None:
     process, tansu, data = standalone
     process.send_signal(sig)
-    assert process.wait(10) == 0
+    assert process.wait(30) == 0  # generous: a loaded 2-core machine starts and stops slowly
     wait_for(lambda: not alive(tansu), 5, f"Tansu {tansu} to be gone")
     assert not (data / BROKER_FILE).exists()
 
