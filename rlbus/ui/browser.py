@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -76,8 +79,7 @@ class Browser:
         self._http: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Browser:
-        self._profile = tempfile.TemporaryDirectory(prefix="rlbus-chromium-")
-        profile = Path(self._profile.name)
+        self._profile = profile = Path(tempfile.mkdtemp(prefix="rlbus-chromium-"))
         self._log = (profile / "chromium.log").open("wb")
         self._proc = subprocess.Popen(
             [
@@ -90,6 +92,9 @@ class Browser:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            # chromium's helpers (zygote, crashpad) outlive the main process and keep writing
+            # into the profile: a group of their own lets shutdown stop them all
+            start_new_session=True,
         )
         try:
             port = await self._devtools_port(profile / "DevToolsActivePort")
@@ -130,15 +135,31 @@ class Browser:
             await self._ws.close()
         if self._http is not None:
             await self._http.close()
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        self._signal_group(signal.SIGTERM)
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        self._signal_group(signal.SIGKILL)
+        self._proc.wait()
         self._log.close()
-        self._profile.cleanup()
+        await self._remove_profile()
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, sig)
+
+    async def _remove_profile(self) -> None:
+        # a killed helper's last write can still land just after the kill
+        for _ in range(20):
+            try:
+                shutil.rmtree(self._profile)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                await asyncio.sleep(0.1)
+        shutil.rmtree(self._profile, ignore_errors=True)
 
     async def _read(self) -> None:
         async for message in self._ws:
