@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from rlbus.config.base import Section
@@ -65,8 +67,11 @@ class KafkaConfig(Section):
 class StoreConfig(Section):
     url: SecretUrl = SecretUrl(DEFAULT_STORE_URL)
     """ClickHouse: chdb://PATH (in-process engine) or http(s)://[user:password@]host:8123[/database].
-    Printed with its password masked; pass the password from the environment
-    (RLBUS_STORE__URL) rather than a committed file."""
+    Printed with its password masked; keep the password out of committed files (store.password
+    from the environment, or the whole URL in RLBUS_STORE__URL)."""
+    password: Secret = Secret("")
+    """ClickHouse password, written into url (replacing one there) and never printed; set it
+    from the environment (RLBUS_STORE__PASSWORD) or a Kubernetes Secret."""
     batch_rows: int = Field(20_000, ge=1)
     """Sink flushes a table when this many rows are buffered..."""
     flush_interval_s: float = Field(0.5, gt=0)
@@ -81,6 +86,16 @@ class StoreConfig(Section):
     conflict_check_s: float = Field(5.0, gt=0)
     """The sink looks this often for ids newly stored with a second, different content (the
     `conflicts` view) and logs each once."""
+
+    @model_validator(mode="after")
+    def _password_into_url(self) -> StoreConfig:
+        if self.password and self.url.startswith(("http://", "https://")):
+            parts = urlsplit(self.url.reveal())
+            user = parts.username or "default"
+            host = parts.netloc.rpartition("@")[2]
+            netloc = f"{user}:{quote(self.password.reveal(), safe='')}@{host}"
+            self.url = SecretUrl(urlunsplit(parts._replace(netloc=netloc)))
+        return self
 
 
 class ClaimCheckConfig(Section):
