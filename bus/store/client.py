@@ -34,7 +34,7 @@ from rlbus.bus.store.endpoint import Endpoint
 from rlbus.bus.store.guard import Guard, Refused, check_settings
 from rlbus.bus.store.holder import ENDPOINT_FILE, Announced, holder_pid, read_endpoint
 from rlbus.bus.store.migrate import migrate
-from rlbus.bus.store.sqltext import quote, trailing_format
+from rlbus.bus.store.sqltext import quote, read_only_problem, trailing_format
 from rlbus.config.secret import SecretUrl
 from rlbus.config.settings import DEFAULT_STORE_URL
 from rlbus.schemas.events import EVENT_TYPES, Event
@@ -121,10 +121,14 @@ class Store:
         self, sql: str, parameters: dict[str, Any] | None, settings: dict[str, Any] | None
     ) -> str:
         """The statement to run: on a read-only store, the one the guard passed (through an
-        endpoint, the endpoint decides)."""
-        if not self.read_only or self.via is not None:
+        endpoint, the endpoint decides, after the text gate here)."""
+        if not self.read_only:
             return sql
         try:
+            if self.via is not None:  # the endpoint decides; a plain write is named here at once
+                if problem := read_only_problem(sql):
+                    raise Refused(problem)
+                return sql
             check_settings(settings or {})
             client = self._client()
 
