@@ -44,7 +44,7 @@ class Bus:
             )
         self.kafka = kafka
         self.run_id = run_id
-        self.claims = ClaimStore(claim_check.url, claim_check.threshold_bytes)
+        self.claims = ClaimStore(claim_check)
         self.topics = Topics(kafka)
         self.publisher = Publisher(kafka, self.topics, self.claims, run_id)
         self._watch: asyncio.Task[None] | None = None

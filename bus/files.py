@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import posixpath
+import stat
 import uuid
+from datetime import datetime
+from typing import Any
 
 import fsspec
 
@@ -48,3 +51,68 @@ class Folder:
 
     def exists(self, rel: str) -> bool:
         return self.fs.exists(self.path(rel))
+
+    @property
+    def local(self) -> bool:
+        protocol = self.fs.protocol
+        return "file" in ((protocol,) if isinstance(protocol, str) else protocol)
+
+    def read_regular(self, rel: str, size: int) -> bytes:
+        """The file `rel`, which must be a regular file (not a link, FIFO or device) of exactly
+        `size` bytes; ValueError says which it is not, FileNotFoundError when it is gone."""
+        path = self.path(rel)
+        if not self.local:
+            info = self.fs.info(path)
+            if info.get("type") != "file":
+                raise ValueError(f"{rel} is not a regular file ({info.get('type')})")
+            if info.get("size") != size:
+                raise ValueError(f"{rel} holds {info.get('size')} bytes, its stub says {size}")
+            data = self.fs.cat_file(path, start=0, end=size)
+        else:
+            # Non-blocking open: a FIFO opens at once (and is refused below) instead of waiting
+            # for a writer; no-follow: a link is refused, not read.
+            flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                fd = os.open(path, flags)
+            except OSError as exc:
+                if isinstance(exc, FileNotFoundError):
+                    raise
+                raise ValueError(f"{rel} cannot be opened as a regular file: {exc}") from None
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise ValueError(f"{rel} is not a regular file")
+                if st.st_size != size:
+                    raise ValueError(f"{rel} holds {st.st_size} bytes, its stub says {size}")
+                data = os.pread(fd, size, 0)
+            finally:
+                os.close(fd)
+        if len(data) != size:
+            raise ValueError(f"{rel}: read {len(data)} bytes, its stub says {size}")
+        return data
+
+    def delete_older(self, cutoff: float) -> int:
+        """Delete the files last modified before `cutoff` (a Unix time); returns how many."""
+        deleted = 0
+        for path, info in self.fs.find(self.root, detail=True).items():
+            modified = _modified(info)
+            if info.get("type") == "file" and modified is not None and modified < cutoff:
+                self.fs.rm_file(path)
+                deleted += 1
+        return deleted
+
+
+def _modified(info: dict[str, Any]) -> float | None:
+    """A file's modification time from fsspec's info, which file systems spell differently."""
+    for key in ("mtime", "LastModified", "last_modified", "updated", "mtime_ns"):
+        value = info.get(key)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, int | float):
+            return value / 1e9 if key == "mtime_ns" else float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None

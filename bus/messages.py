@@ -11,7 +11,7 @@ from aiokafka import ConsumerRecord
 
 from rlbus.bus import telemetry
 from rlbus.bus.claim_check import HEADER as CLAIM_HEADER
-from rlbus.bus.claim_check import ClaimStore, ClaimStub
+from rlbus.bus.claim_check import ClaimError, ClaimStore, ClaimStub
 from rlbus.schemas import Event, codec, key_of, topic_of
 
 CONTENT_TYPE = "content-type"
@@ -37,9 +37,9 @@ def to_message(event: Event, claims: ClaimStore) -> Message:
     value = codec.encode(event)
     headers: Headers = [(CONTENT_TYPE, codec.MSGPACK.encode()), (KIND, kind.encode())]
     if claims.needed(value):
-        uri = claims.put(topic, event.event_id, value)
-        headers.append((CLAIM_HEADER, uri.encode()))
-        value = msgspec.msgpack.encode(ClaimStub(kind, event.event_id, uri, len(value)))
+        key = claims.put(topic, event.event_id, value)
+        headers.append((CLAIM_HEADER, key.encode()))
+        value = msgspec.msgpack.encode(ClaimStub(kind, event.event_id, key, len(value)))
     if telemetry.enabled():
         telemetry.inject_headers(headers)
     return Message(topic, key_of(event), value, headers)
@@ -47,10 +47,22 @@ def to_message(event: Event, claims: ClaimStore) -> Message:
 
 def from_record(topic: str, record: ConsumerRecord, claims: ClaimStore) -> Event:
     """Decode a consumed record of `topic` (unprefixed). Raises with a reason a person can act
-    on (schemas.DecodeError, or the claim store's)."""
+    on (schemas.DecodeError, or ClaimError for a claim reference that is not read)."""
     headers = dict(record.headers or ())
     raw = record.value or b""
     if CLAIM_HEADER in headers:
-        raw = claims.get(headers[CLAIM_HEADER].decode())
+        reference = headers[CLAIM_HEADER].decode(errors="replace")
+        try:
+            stub = msgspec.msgpack.decode(raw, type=ClaimStub)
+        except msgspec.DecodeError as exc:
+            raise ClaimError(
+                f"a claim-check message whose value is not a claim stub: {exc}"
+            ) from None
+        if stub.key != reference:
+            raise ClaimError(
+                f"claim header {reference[:200]!r} and stub {stub.key[:200]!r} name "
+                "different claims"
+            )
+        raw = claims.get(stub.key, stub.size)
     content_type = headers.get(CONTENT_TYPE)
     return codec.decode(topic, raw, content_type.decode() if content_type else None)

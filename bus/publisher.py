@@ -14,6 +14,7 @@ from opentelemetry.trace import SpanKind
 
 from rlbus.bus import telemetry
 from rlbus.bus.claim_check import ClaimStore
+from rlbus.bus.connection import client_options
 from rlbus.bus.messages import Headers, to_message
 from rlbus.config import KafkaConfig
 from rlbus.schemas import Event, topic_of
@@ -32,7 +33,7 @@ class Topics:
         return self.kafka.topic_prefix + topic
 
     async def start(self) -> None:
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=self.kafka.bootstrap_servers)
+        self._admin = AIOKafkaAdminClient(**client_options(self.kafka))
         await self._admin.start()
 
     async def stop(self) -> None:
@@ -75,7 +76,7 @@ class Publisher:
 
     async def start(self) -> None:
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.kafka.bootstrap_servers,
+            **client_options(self.kafka),
             acks="all",
             enable_idempotence=False,  # unsupported by the embedded broker; consumers dedup instead
             linger_ms=self.kafka.linger_ms,

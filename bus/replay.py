@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
+from rlbus.bus.connection import client_options
 from rlbus.bus.messages import from_record
 from rlbus.schemas import Event
 
@@ -21,9 +22,7 @@ async def read_records(bus: Bus, topic: str, poll_ms: int = 500) -> list[Consume
     a partition's end as its last batch's first offset + 1: a fetch brings that batch whole."""
     name = bus.topics.name(topic)
     await bus.topics.ensure([topic])
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bus.kafka.bootstrap_servers, enable_auto_commit=False
-    )
+    consumer = AIOKafkaConsumer(**client_options(bus.kafka), enable_auto_commit=False)
     await consumer.start()
     try:
         await consumer.topics()  # metadata, so the partitions are known

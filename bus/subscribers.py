@@ -26,6 +26,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from rlbus.bus import progress
 from rlbus.bus.commits import COMMIT_TIMEOUT_S, Holds, Offsets, Polled
+from rlbus.bus.connection import client_options
 from rlbus.bus.messages import from_record
 from rlbus.bus.middleware import DeadLetters, SeenIds, traced
 from rlbus.bus.progress import Progress
@@ -125,7 +126,7 @@ class Subscriber(Generic[H]):
         await self.bus.topics.ensure([*self.topics, "dlq"])
         consumer = AIOKafkaConsumer(
             *[self.bus.topics.name(t) for t in self.topics],
-            bootstrap_servers=kafka.bootstrap_servers,
+            **client_options(kafka),
             group_id=kafka.topic_prefix + self.group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",

@@ -5,7 +5,10 @@ images are not built and nothing is applied; see README.)"""
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -17,9 +20,29 @@ from rlbus.config import load_settings
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 
 
+def all_compose_services() -> dict[str, dict]:
+    return yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+
+
 def compose_services() -> dict[str, dict]:
-    services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    services = all_compose_services()
     return {name: svc for name, svc in services.items() if svc.get("image", "").startswith("rlbus")}
+
+
+INTERPOLATION = re.compile(r"\$\{(\w+)(?::?[-?]([^}]*))?\}")
+
+
+def interpolated(value: str, env: dict[str, str]) -> str:
+    """`value` as docker compose resolves ${NAME}, ${NAME:-default} and ${NAME:?error}."""
+    return INTERPOLATION.sub(lambda m: env.get(m.group(1), m.group(2) or ""), value)
+
+
+def configmap() -> dict[str, str]:
+    return next(
+        d
+        for d in yaml.safe_load_all((DEPLOY / "k8s" / "config.yaml").read_text())
+        if d["kind"] == "ConfigMap"
+    )["data"]
 
 
 def k8s_role_args() -> dict[str, list[str]]:
@@ -51,19 +74,59 @@ def test_deployed_commands_exist(args: list[str]) -> None:
 
 
 def test_deployed_settings_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the secrets an operator supplies (deploy/.env; a Kubernetes Secret), every role's
+    settings load, and the store password reaches the store URL."""
     compose_env = next(iter(compose_services().values()))["environment"]
-    configmap = next(
-        d
-        for d in yaml.safe_load_all((DEPLOY / "k8s" / "config.yaml").read_text())
-        if d["kind"] == "ConfigMap"
-    )["data"]
-    for env in (compose_env, configmap):
+    secret = {"CLICKHOUSE_PASSWORD": "from-dot-env"}
+    k8s_secret = {"RLBUS_STORE__PASSWORD": "from-dot-env"}
+    for env in (
+        {k: interpolated(str(v), secret) for k, v in compose_env.items()},
+        {**configmap(), **k8s_secret},
+    ):
         for key in [k for k in os.environ if k.startswith("RLBUS_")]:
             monkeypatch.delenv(key)
         for key, value in env.items():
-            monkeypatch.setenv(key, str(value).replace("${RLBUS_RUN_ID:-compose}", "compose"))
+            monkeypatch.setenv(key, str(value))
         settings = load_settings()
         assert settings.kafka.bootstrap_servers and settings.store.url.startswith("http://")
+        assert urlsplit(settings.store.url.reveal()).password == "from-dot-env"
+        assert "from-dot-env" not in f"{settings.store.url} {settings!r}"
+
+
+def test_services_listen_on_the_compose_network_or_host_loopback_only() -> None:
+    for name, service in all_compose_services().items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
+    published = {n for n, s in all_compose_services().items() if s.get("ports")}
+    assert published == {"clickhouse"}  # for `rlbus sql` from the host; Redpanda stays inside
+
+
+def test_no_password_is_committed_in_deploy_files() -> None:
+    """Passwords come from the environment (compose: ${VAR} from an uncommitted deploy/.env)
+    or a Kubernetes Secret, never from a committed file."""
+    compose_env = {
+        k: str(v)
+        for svc in all_compose_services().values()
+        for k, v in (svc.get("environment") or {}).items()
+    }
+    for key, value in compose_env.items():
+        if "PASSWORD" in key:
+            assert INTERPOLATION.fullmatch(value), f"{key} in compose.yaml is not from the env"
+        if key == "RLBUS_STORE__URL":
+            assert urlsplit(value).password is None, "a password in compose's store URL"
+    for key, value in configmap().items():
+        assert "PASSWORD" not in key and urlsplit(str(value)).password is None, key
+    deployment = yaml.safe_load((DEPLOY / "k8s" / "base" / "deployment.yaml").read_text())
+    env_from = deployment["spec"]["template"]["spec"]["containers"][0]["envFrom"]
+    assert {"secretRef": {"name": "rlbus-secrets"}} in env_from  # required, not optional
+    tracked = subprocess.run(
+        ["git", "ls-files", str(DEPLOY)], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert not [f for f in tracked if f.endswith(".env") or "secret" in Path(f).name.lower()]
+    assert ".env" in (DEPLOY / ".gitignore").read_text().split()
+    for manifest in (DEPLOY / "k8s").rglob("*.yaml"):
+        for doc in yaml.safe_load_all(manifest.read_text()):
+            assert not (doc and doc.get("kind") == "Secret"), f"a Secret committed in {manifest}"
 
 
 def test_grafana_panels_query_the_real_schema(tmp_path: Path) -> None:

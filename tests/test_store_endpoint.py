@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
-from rlbus.bus.store import Store, open_store
+from rlbus.bus.store import Endpoint, Store, open_store
 from rlbus.bus.store.holder import ENDPOINT_FILE, read_endpoint
 from rlbus.schemas import Event, TokenRecord
 from rlbus.schemas.packed import pack_logprobs, pack_tokens
@@ -34,9 +34,9 @@ from rlbus.bus.store import open_store
 from rlbus.schemas import TokenRecord
 
 data_dir = sys.argv[1]
-url = open(f"{data_dir}/.rlbus-endpoint").read().split()[0]  # the URL, then the serving PID
+url, pid, token = open(f"{data_dir}/.rlbus-endpoint").read().split()  # the URL, PID and token
 host, port = url.removeprefix("http://").split(":")
-client = clickhouse_connect.get_client(host=host, port=int(port))
+client = clickhouse_connect.get_client(host=host, port=int(port), password=token)
 out = {"version": client.server_version}
 out["rows"] = client.query(
     "SELECT rollout_id, length(completion_ids) FROM tokens ORDER BY rollout_id").result_rows
@@ -114,9 +114,16 @@ def store(data_dir: Path) -> Iterator[Store]:
         yield opened
 
 
-def http(url: str, sql: str = "", **params: str) -> tuple[int, dict[str, str], bytes]:
+def http(
+    endpoint: Endpoint, sql: str = "", token: str | None = None, **params: str
+) -> tuple[int, dict[str, str], bytes]:
+    """A request with the endpoint's token (or `token`) as ClickHouse's X-ClickHouse-Key."""
     query = urllib.parse.urlencode(params)
-    request = urllib.request.Request(f"{url}/?{query}", data=sql.encode() if sql else None)
+    request = urllib.request.Request(
+        f"{endpoint.url}/?{query}",
+        data=sql.encode() if sql else None,
+        headers={"X-ClickHouse-Key": endpoint.token if token is None else token},
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, dict(response.headers), response.read()
@@ -126,7 +133,8 @@ def http(url: str, sql: str = "", **params: str) -> tuple[int, dict[str, str], b
 
 def test_another_process_queries_through_the_endpoint(store: Store, data_dir: Path) -> None:
     endpoint = store.serve()
-    assert read_endpoint(data_dir) == endpoint.url
+    assert read_endpoint(data_dir) == (endpoint.url, endpoint.token)
+    assert (data_dir / ENDPOINT_FILE).stat().st_mode & 0o777 == 0o600
     out = run_child(CHILD_READS, data_dir)
     assert out["rows"] == [["ro-0", 0], ["ro-1", 10], ["ro-2", 20]]
     assert out["bound"] == [[1]]
@@ -148,7 +156,8 @@ def test_another_process_queries_through_the_endpoint(store: Store, data_dir: Pa
 
 
 def test_the_endpoint_serves_an_http_store_read_only(store: Store) -> None:
-    url = store.serve().url
+    endpoint = store.serve()
+    url = f"http://rlbus:{endpoint.token}@{endpoint.url.removeprefix('http://')}"
     with open_store(url, read_only=True) as remote:
         assert remote.via is None
         assert remote.read_events(TokenRecord) == [at_micros(e) for e in EVENTS]
@@ -165,11 +174,11 @@ def test_a_held_store_without_endpoint_says_what_to_do(store: Store, data_dir: P
 
 
 def test_the_endpoint_speaks_clickhouse_http(store: Store) -> None:
-    url = store.serve().url
-    with urllib.request.urlopen(f"{url}/ping", timeout=10) as ping:
+    endpoint = store.serve()
+    with urllib.request.urlopen(f"{endpoint.url}/ping", timeout=10) as ping:
         assert ping.read() == b"Ok.\n"
     status, headers, body = http(
-        url, "SELECT rollout_id FROM tokens ORDER BY rollout_id FORMAT CSV"
+        endpoint, "SELECT rollout_id FROM tokens ORDER BY rollout_id FORMAT CSV"
     )
     assert (status, headers["X-ClickHouse-Format"], body) == (
         200,
@@ -177,27 +186,27 @@ def test_the_endpoint_speaks_clickhouse_http(store: Store) -> None:
         b'"ro-0"\n"ro-1"\n"ro-2"\n',
     )
     status, headers, body = http(
-        url,
+        endpoint,
         query="SELECT length(completion_ids) AS n FROM tokens ORDER BY n",
         default_format="Arrow",
     )
     assert pa.ipc.open_file(body).read_all().column("n").to_pylist() == [0, 10, 20]
-    status, headers, body = http(url, "SELECT {n:UInt8} + 1", param_n="41", max_threads="1")
+    status, headers, body = http(endpoint, "SELECT {n:UInt8} + 1", param_n="41", max_threads="1")
     assert (status, body) == (200, b"42\n")
-    status, headers, body = http(url, "INSERT INTO tokens (rollout_id) VALUES ('x')")
+    status, headers, body = http(endpoint, "INSERT INTO tokens (rollout_id) VALUES ('x')")
     assert (status, headers["X-ClickHouse-Exception-Code"]) == (403, "164")
     assert (
         body.startswith(b"Code: 164. DB::Exception: rlbus store endpoint") and b"(READONLY)" in body
     )
-    status, headers, body = http(url, "SELECT * FROM no_such_table")
+    status, headers, body = http(endpoint, "SELECT * FROM no_such_table")
     assert (status, headers["X-ClickHouse-Exception-Code"]) == (404, "60")
-    status, headers, body = http(url, "SELECT 'unterminated")
+    status, headers, body = http(endpoint, "SELECT 'unterminated")
     assert (status, headers["X-ClickHouse-Exception-Code"]) == (400, "62")
-    assert http(url, "SELECT 1", readonly="0", database="default")[2] == b"1\n"
+    assert http(endpoint, "SELECT 1", readonly="0", database="default")[2] == b"1\n"
 
 
 def test_serving_leaves_the_inserting_thread_alone(store: Store) -> None:
-    url = store.serve().url
+    endpoint = store.serve()
     errors: list[BaseException] = []
 
     def sink() -> None:
@@ -219,7 +228,7 @@ def test_serving_leaves_the_inserting_thread_alone(store: Store) -> None:
     inserting.start()
     seen = []
     while inserting.is_alive():
-        seen.append(int(http(url, "SELECT count() FROM tokens WHERE kafka_partition = 1")[2]))
+        seen.append(int(http(endpoint, "SELECT count() FROM tokens WHERE kafka_partition = 1")[2]))
     inserting.join()
     assert not errors
     assert seen == sorted(seen)
@@ -236,10 +245,10 @@ def test_an_endpoint_announced_by_a_dead_process_is_not_read(data_dir: Path) -> 
     gone = subprocess.Popen(["true"])
     gone.wait()  # reaped: its PID names no process now
     data_dir.mkdir(parents=True, exist_ok=True)
-    (data_dir / ENDPOINT_FILE).write_text(f"http://127.0.0.1:9\n{gone.pid}\n")
+    (data_dir / ENDPOINT_FILE).write_text(f"http://127.0.0.1:9\n{gone.pid}\ntoken\n")
     assert read_endpoint(data_dir) is None
-    (data_dir / ENDPOINT_FILE).write_text(f"http://127.0.0.1:9\n{os.getpid()}\n")
-    assert read_endpoint(data_dir) == "http://127.0.0.1:9"
+    (data_dir / ENDPOINT_FILE).write_text(f"http://127.0.0.1:9\n{os.getpid()}\ntoken\n")
+    assert read_endpoint(data_dir) == ("http://127.0.0.1:9", "token")
 
 
 def test_a_stale_endpoint_file_is_ignored(data_dir: Path) -> None:
@@ -251,20 +260,28 @@ def test_a_stale_endpoint_file_is_ignored(data_dir: Path) -> None:
 
 
 def test_chunked_bodies_other_paths_and_idle_clients(store: Store) -> None:
-    host, port = store.serve().url.removeprefix("http://").split(":")
+    endpoint = store.serve()
+    host, port = endpoint.url.removeprefix("http://").split(":")
     client = HTTPConnection(host, int(port), timeout=10)
     body = iter([b"SELECT count() ", b"FROM tokens"])
-    client.request("POST", "/?default_format=CSV", body=body, encode_chunked=True)
+    key = {"X-ClickHouse-Key": endpoint.token}
+    client.request("POST", "/?default_format=CSV", body=body, headers=key, encode_chunked=True)
     reply = client.getresponse()
     assert (reply.status, reply.read()) == (200, b"3\n")
     client.request("GET", "/nowhere")
     reply = client.getresponse()
     assert (reply.status, reply.read()) == (404, b"no handler for /nowhere\n")
-    form = {"Content-Type": "multipart/form-data; boundary=x"}
-    client.request("POST", "/", body=b"--x--\r\n", headers=form)
+    form = {"Content-Type": "multipart/form-data; boundary=x", **key}
+    part = b'Content-Disposition: form-data; name="data"; filename="t.csv"'
+    upload = b"--x\r\n" + part + b"\r\n\r\n1\r\n--x--\r\n"
+    client.request("POST", "/", body=upload, headers=form)
     reply = client.getresponse()
-    assert (reply.status, reply.getheader("X-ClickHouse-Exception-Code")) == (500, "1")
-    assert b"send the query as the body" in reply.read()
+    assert (reply.status, reply.getheader("X-ClickHouse-Exception-Code")) == (403, "164")
+    assert b"uploads are refused" in reply.read()
+    client.request("POST", "/", body=b"", headers=key)
+    reply = client.getresponse()
+    assert (reply.status, reply.getheader("X-ClickHouse-Exception-Code")) == (400, "62")
+    assert b"Empty query" in reply.read()
     # One client idle after its answers, one connected that never sends: neither holds up close.
     silent = socket.create_connection((host, int(port)), timeout=10)
     started = time.monotonic()

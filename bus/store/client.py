@@ -2,8 +2,13 @@
 
 `chdb://PATH` runs ClickHouse in this process; `http(s)://[user:pass@]host:port[/database]`
 talks to a server. A chdb data directory can be open in one process only, so a read-only open
-of a directory held by another process goes through that process's loopback endpoint.
-Every thread gets its own client: chdb sessions must not be shared by threads that insert.
+of a directory held by another process goes through that process's loopback endpoint (with
+the token it announced). Every thread gets its own client: chdb sessions must not be shared by
+threads that insert.
+
+A read-only store runs only what bus.store.guard passes, decided on the parse of the engine
+that runs it (the endpoint decides for queries sent through it), with readonly=2 on a chdb
+session and only allowed settings. The URL's password never appears in messages.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from clickhouse_connect.driver.client import Client
 from rlbus.bus.store.arrow import arrow_to_events, events_to_arrow
 from rlbus.bus.store.columns import columns_of
 from rlbus.bus.store.endpoint import Endpoint
-from rlbus.bus.store.holder import ENDPOINT_FILE, holder_pid, read_endpoint
+from rlbus.bus.store.guard import Guard, Refused, check_settings
+from rlbus.bus.store.holder import ENDPOINT_FILE, Announced, holder_pid, read_endpoint
 from rlbus.bus.store.migrate import migrate
 from rlbus.bus.store.sqltext import quote, read_only_problem, trailing_format
+from rlbus.config.secret import SecretUrl
 from rlbus.config.settings import DEFAULT_STORE_URL
 from rlbus.schemas import codec
 from rlbus.schemas.events import EVENT_TYPES, Event
@@ -62,14 +69,18 @@ class Store:
         read_only: bool,
         data_dir: Path | None = None,
         server_url: str | None = None,
+        token: str | None = None,
     ):
-        self.url = url
+        self.url = SecretUrl(url)
+        """Prints without its password."""
         self.read_only = read_only
         self.data_dir = data_dir
         """The chdb data directory, when this process holds it."""
         self.via = server_url if url.startswith("chdb://") else None
         """The endpoint of the process holding the chdb store, when reading through it."""
         self._server_url = server_url
+        self._token = token
+        self._guard = Guard()
         self._local = threading.local()
         self._clients: list[Client] = []
         self._chdb_conns: list[Any] = []
@@ -85,18 +96,51 @@ class Store:
             if self._closed:
                 raise StoreError(f"store {self.url} is closed")
             if self.data_dir is not None:
-                client = clickhouse_connect.get_client(interface="chdb", path=str(self.data_dir))
+                client = clickhouse_connect.get_client(
+                    interface="chdb",
+                    path=str(self.data_dir),
+                    settings={"readonly": 2} if self.read_only else None,
+                )
             else:
-                # The DSN's scheme alone does not pick TLS (only ports 443/8443 do), so say it.
-                scheme = urlsplit(self._server_url).scheme
-                client = clickhouse_connect.get_client(dsn=self._server_url, interface=scheme)
+                client = clickhouse_connect.get_client(**self.client_options())
             self._clients.append(client)
         self._local.client = client
         return client
 
-    def _check_read(self, sql: str) -> None:
-        if self.read_only and (problem := read_only_problem(sql)):
-            raise StoreError(f"store {self.url} is open read-only: {problem}")
+    def client_options(self) -> dict[str, Any]:
+        """clickhouse-connect's get_client arguments for a server store or an endpoint."""
+        assert self._server_url is not None
+        # The DSN's scheme alone does not pick TLS (only ports 443/8443 do), so say it.
+        options: dict[str, Any] = {
+            "dsn": str.__str__(self._server_url),
+            "interface": urlsplit(self._server_url).scheme,
+        }
+        if self._token is not None:
+            options |= {"username": "rlbus", "password": self._token}
+        return options
+
+    def _statement(
+        self, sql: str, parameters: dict[str, Any] | None, settings: dict[str, Any] | None
+    ) -> str:
+        """The statement to run: on a read-only store, the one the guard passed (through an
+        endpoint, the endpoint decides, after the text gate here)."""
+        if not self.read_only:
+            return sql
+        try:
+            if self.via is not None:  # the endpoint decides; a plain write is named here at once
+                if problem := read_only_problem(sql):
+                    raise Refused(problem)
+                return sql
+            check_settings(settings or {})
+            client = self._client()
+
+            def run(query: str, bound: Any) -> list[str]:
+                raw = client.raw_query(query, parameters=bound, fmt="TabSeparatedRaw")
+                return raw.decode(errors="replace").split("\n")
+
+            return self._guard.statement(sql, parameters, run)
+        except Refused as exc:
+            raise StoreError(f"store {self.url} is open read-only: {exc}") from None
 
     def _check_write(self, what: str) -> None:
         if self.read_only:
@@ -109,19 +153,19 @@ class Store:
         settings: dict[str, Any] | None = None,
     ) -> Rows:
         """`settings` are ClickHouse query settings (limits such as max_result_rows)."""
-        self._check_read(sql)
+        sql = self._statement(sql, parameters, settings)
         result = self._client().query(sql, parameters=parameters, settings=settings)
         return Rows(tuple(result.column_names), [tuple(row) for row in result.result_rows])
 
     def query_arrow(self, sql: str, parameters: dict[str, Any] | None = None) -> pa.Table:
-        self._check_read(sql)
+        sql = self._statement(sql, parameters, None)
         return self._client().query_arrow(sql, parameters=parameters, use_strings=True)
 
     def query_raw(
         self, sql: str, fmt: str = "TabSeparated", parameters: dict[str, Any] | None = None
     ) -> bytes:
         """The result as ClickHouse formats it (`fmt`, unless the SQL ends in its own FORMAT)."""
-        self._check_read(sql)
+        sql = self._statement(sql, parameters, None)
         own_format = trailing_format(sql.rstrip().rstrip(";"))
         return self._client().raw_query(sql, parameters=parameters, fmt=None if own_format else fmt)
 
@@ -294,18 +338,27 @@ def _open_chdb(url: str, path: str, read_only: bool, dedup_window: int | None) -
             f"{data_dir} ({url}) is held by {holder}; a chdb store has one writing process. "
             "Stop it, or point store.url at a ClickHouse server to share one store."
         )
-    endpoint_url = read_endpoint(data_dir)
-    if endpoint_url and _live(endpoint_url):
-        return Store(url, read_only=True, server_url=endpoint_url)
+    announced = read_endpoint(data_dir)
+    if announced is not None and _live(announced.url):
+        return _through(url, announced)
     found = (
-        f"its endpoint {endpoint_url} does not answer"
-        if endpoint_url
+        f"its endpoint {announced.url} does not answer"
+        if announced is not None
         else f"it serves no read-only endpoint (no {data_dir / ENDPOINT_FILE})"
     )
     raise StoreLockedError(
         f"{data_dir} ({url}) is held by {holder} and {found}. Wait for it to start serving "
         "(store.serve_http = true), stop it, or query a copy of the directory."
     )
+
+
+def _through(url: str, announced: Announced) -> Store:
+    if not announced.token:
+        raise StoreLockedError(
+            f"the endpoint {announced.url} of {url} announced no token; it is an older rlbus: "
+            "restart the process holding the store"
+        )
+    return Store(url, read_only=True, server_url=announced.url, token=announced.token)
 
 
 def open_store(
@@ -318,6 +371,7 @@ def open_store(
     Read-only opens of a chdb directory held by another process go through its endpoint;
     writable ones fail with StoreLockedError.
     """
+    url = SecretUrl(url)  # its password never reaches a message
     if url.startswith("chdb://"):
         path = url.removeprefix("chdb://")
         if not path:

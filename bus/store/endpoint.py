@@ -2,39 +2,41 @@
 
 Only one process can open a chdb data directory, so the process that holds it (the sink)
 answers other processes' queries: clickhouse-connect's HTTP client and `rlbus sql` connect to
-it as to a ClickHouse server. A small Starlette app served by uvicorn on a thread of the holder;
-each request runs on its own chdb connection, opened and closed on one worker thread, so it
-never shares a session with the holder's inserting thread. Closing waits for requests in
-flight (up to a bound), never for idle keep-alive clients.
+it as to a ClickHouse server, with the token from the endpoint file (bus.store.holder) as the
+password. A small Starlette app served by uvicorn on a thread of the holder; each request runs
+on its own chdb connection (readonly=2), opened and closed on one worker thread, so it never
+shares a session with the holder's inserting thread. Every statement is checked on the
+engine's own parse first (bus.store.guard), and only allowed settings are applied. Closing
+waits for requests in flight (up to a bound), never for idle keep-alive clients.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hmac
 import json
 import os
 import re
+import secrets
 import uuid
 from collections.abc import Mapping
 from http import HTTPStatus
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import chdb
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from rlbus.bus.server_thread import ServerThread
+from rlbus.bus.store.guard import Guard, Refused, check_settings
 from rlbus.bus.store.holder import withdraw_endpoint, write_endpoint
-from rlbus.bus.store.sqltext import (
-    SqlTextError,
-    quote,
-    read_only_problem,
-    split_statements,
-    trailing_format,
-)
+from rlbus.bus.store.sqltext import SqlTextError, quote, read_only_problem, trailing_format
 
 # ClickHouse error codes the endpoint answers with.
 UNSUPPORTED_METHOD = 1
@@ -42,6 +44,7 @@ UNKNOWN_TABLE = 60
 SYNTAX_ERROR = 62
 UNKNOWN_DATABASE = 81
 READONLY = 164
+AUTHENTICATION_FAILED = 516
 STD_EXCEPTION = 1001
 
 # URL parameters that are not query settings: they steer the HTTP interface, or (readonly) the
@@ -75,8 +78,10 @@ _STATUS_BY_CODE = {
     UNKNOWN_TABLE: HTTPStatus.NOT_FOUND,
     UNKNOWN_DATABASE: HTTPStatus.NOT_FOUND,
     READONLY: HTTPStatus.FORBIDDEN,
+    AUTHENTICATION_FAILED: HTTPStatus.UNAUTHORIZED,
 }
-"""As a ClickHouse server answers: unknown table/database 404, syntax 400, read-only 403."""
+"""As a ClickHouse server answers: unknown table/database 404, syntax 400, read-only 403,
+a wrong or missing password 401."""
 _CODE = re.compile(r"Code: (\d+)")
 _PLAIN = "text/plain; charset=UTF-8"
 _TEXT_FORMATS = ("TabSeparated", "TSV", "CSV", "Pretty", "Vertical", "Markdown", "Values")
@@ -111,12 +116,18 @@ CLOSE_WAIT_S = 10
 """Seconds closing the endpoint waits for queries in flight before dropping them."""
 
 
+MAX_FORM_BYTES = 64 * 1024 * 1024
+"""Largest form-encoded request (clickhouse-connect sends large bound parameters so)."""
+
+
 class _Queries:
     """Answers one HTTP request with one read-only statement on its own chdb connection."""
 
-    def __init__(self, engine_path: str, timezone: str):
+    def __init__(self, engine_path: str, timezone: str, token: str):
         self.engine_path = engine_path
         self.timezone = timezone
+        self.token = token
+        self.guard = Guard()
 
     async def handle(self, request: Request) -> Response:
         params = dict(request.query_params)  # a repeated parameter counts once: its last value
@@ -126,13 +137,8 @@ class _Queries:
         if path != "/":
             return _reply(HTTPStatus.NOT_FOUND, f"no handler for {path}\n".encode(), {})
         try:
-            if "multipart/form-data" in request.headers.get("Content-Type", ""):
-                raise QueryError(
-                    UNSUPPORTED_METHOD,
-                    "form-encoded queries are not supported; send the query as the body",
-                    "UNSUPPORTED_METHOD",
-                )
-            body = await request.body()  # chunked bodies arrive decoded
+            self._authenticate(request.headers, params)
+            body = await self._body(request, params)
             answer, headers = await run_in_threadpool(self._answer, params, request.headers, body)
         except QueryError as exc:
             return _reply(
@@ -142,52 +148,49 @@ class _Queries:
             )
         return _reply(HTTPStatus.OK, answer, headers)
 
+    def _authenticate(self, headers: Mapping[str, str], params: dict[str, str]) -> None:
+        """The token as a ClickHouse server takes a password: HTTP basic auth,
+        X-ClickHouse-Key, or the `password` parameter."""
+        given = headers.get("X-ClickHouse-Key") or params.get("password") or ""
+        scheme, _, credentials = headers.get("Authorization", "").partition(" ")
+        if scheme.lower() == "basic":
+            try:
+                given = base64.b64decode(credentials).decode().partition(":")[2]
+            except (binascii.Error, UnicodeDecodeError):
+                given = ""
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            raise QueryError(
+                AUTHENTICATION_FAILED,
+                "Authentication failed: this rlbus store endpoint takes the token from its "
+                "endpoint file (<data dir>/.rlbus-endpoint) as the password",
+                "AUTHENTICATION_FAILED",
+            )
+
+    async def _body(self, request: Request, params: dict[str, str]) -> bytes:
+        """The request's SQL. A multipart form (clickhouse-connect's form for bound parameters
+        of a few KB and more) carries `query` and `param_*` fields, which join `params`;
+        uploaded files (external data) are refused."""
+        if "multipart/form-data" not in request.headers.get("Content-Type", ""):
+            return await request.body()  # chunked bodies arrive decoded
+        try:
+            form = await request.form(max_files=16, max_fields=10_000, max_part_size=MAX_FORM_BYTES)
+        except HTTPException as exc:
+            raise QueryError(
+                SYNTAX_ERROR, f"cannot read the form: {exc.detail}", "SYNTAX_ERROR"
+            ) from None
+        try:
+            for name, value in form.multi_items():
+                if not isinstance(value, str):
+                    raise _refused(f"form field {name!r} uploads data; uploads are refused")
+                params[name] = value
+        finally:
+            await form.close()
+        return b""
+
     def _answer(
         self, params: dict[str, str], headers: Mapping[str, str], body: bytes
     ) -> tuple[bytes, dict[str, str]]:
-        return self._execute(self._statement(params, headers, body), params)
-
-    def _statement(self, params: dict[str, str], headers: Mapping[str, str], raw: bytes) -> str:
-        """The one read-only statement this request carries, joined as a server joins it: the
-        `query` parameter, then the body. Writes are named before the body is judged, so an
-        insert is refused as an insert whatever its data looks like."""
-        if headers.get("Content-Encoding", "identity") != "identity":
-            # clickhouse-connect compresses only inserts, with the INSERT inside the body.
-            self._refuse_write(
-                self._problem(params.get("query", "")) or "a compressed body carries an insert"
-            )
-        sql = "\n".join(
-            part for part in (params.get("query", ""), raw.decode(errors="replace")) if part
-        )
-        if problem := self._problem(sql):
-            self._refuse_write(problem)
-        try:
-            raw.decode()
-        except UnicodeDecodeError as exc:
-            raise _refused(
-                f"the request body is not UTF-8 SQL ({exc}); data uploads are refused"
-            ) from None
-        return split_statements(sql)[0]
-
-    @staticmethod
-    def _problem(sql: str) -> str | None:
-        if not sql:
-            return None
-        try:
-            return read_only_problem(sql)
-        except SqlTextError as exc:
-            raise QueryError(
-                SYNTAX_ERROR, f"cannot parse the query: {exc}", "SYNTAX_ERROR"
-            ) from None
-
-    @staticmethod
-    def _refuse_write(problem: str) -> NoReturn:
-        raise _refused(
-            f"rlbus store endpoint (pid {os.getpid()}) is read-only: {problem}; "
-            "writes go through the process that holds the store"
-        )
-
-    def _execute(self, statement: str, params: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+        sql = self._sql(params, headers, body)
         fmt = params.get("default_format") or "TabSeparated"
         bind = {k.removeprefix("param_"): v for k, v in params.items() if k.startswith("param_")}
         settings = {
@@ -195,14 +198,13 @@ class _Queries:
             for k, v in params.items()
             if k not in _TRANSPORT_PARAMS and not k.startswith("param_")
         }
+        try:
+            check_settings(settings)
+        except Refused as exc:
+            self._refuse_write(str(exc))
         connection = chdb.connect(self.engine_path)
         try:
-            # readonly=2 still lets a client change settings, but not readonly itself.
-            connection.query("SET readonly = 2")
-            for name, value in settings.items():
-                connection.query(f"SET {quote(name)} = '{_escape(value)}'")
-            if database := params.get("database"):
-                connection.query(f"USE {quote(database)}")
+            statement = self._prepare(connection, sql, bind, settings, params.get("database"))
             result = connection.query(statement, fmt, params=bind or None)
             body = result.bytes()
             summary = {
@@ -210,6 +212,8 @@ class _Queries:
                 "read_bytes": str(result.bytes_read()),
                 "elapsed_ns": str(int(result.elapsed() * 1e9)),
             }
+        except QueryError:
+            raise
         except Exception as exc:
             message = str(exc)
             match = _CODE.search(message)
@@ -228,6 +232,70 @@ class _Queries:
             "X-ClickHouse-Summary": json.dumps(summary),
         }
 
+    def _sql(self, params: dict[str, str], headers: Mapping[str, str], raw: bytes) -> str:
+        """The request's SQL, joined as a server joins it: the `query` parameter, then the
+        body. Writes are named before the body is judged, so an insert is refused as an insert
+        whatever its data looks like."""
+        if headers.get("Content-Encoding", "identity") != "identity":
+            # clickhouse-connect compresses only inserts, with the INSERT inside the body.
+            self._refuse_write(
+                self._problem(params.get("query", "")) or "a compressed body carries an insert"
+            )
+        sql = "\n".join(
+            part for part in (params.get("query", ""), raw.decode(errors="replace")) if part
+        )
+        if not sql.strip():
+            raise QueryError(SYNTAX_ERROR, "Empty query", "SYNTAX_ERROR")
+        if problem := self._problem(sql):
+            self._refuse_write(problem)
+        try:
+            raw.decode()
+        except UnicodeDecodeError as exc:
+            raise _refused(
+                f"the request body is not UTF-8 SQL ({exc}); data uploads are refused"
+            ) from None
+        return sql
+
+    def _prepare(
+        self,
+        connection: Any,
+        sql: str,
+        bind: dict[str, str],
+        settings: dict[str, str],
+        database: str | None,
+    ) -> str:
+        """Set up the request's session (readonly=2: settings may change, readonly may not)
+        and return its statement, once the engine's parse of it passed the guard."""
+        connection.query("SET readonly = 2")
+        for name, value in settings.items():
+            connection.query(f"SET {quote(name)} = '{_escape(value)}'")
+        if database:
+            connection.query(f"USE {quote(database)}")
+
+        def run(query: str, parameters: Mapping[str, str] | None) -> list[str]:
+            out = connection.query(query, "TabSeparatedRaw", params=dict(parameters or {}))
+            return out.bytes().decode(errors="replace").split("\n")
+
+        try:
+            return self.guard.statement(sql, bind, run)
+        except Refused as exc:
+            self._refuse_write(str(exc))
+
+    @staticmethod
+    def _problem(sql: str) -> str | None:
+        if not sql:
+            return None
+        try:
+            return read_only_problem(sql)
+        except SqlTextError as exc:
+            raise QueryError(
+                SYNTAX_ERROR, f"cannot parse the query: {exc}", "SYNTAX_ERROR"
+            ) from None
+
+    @staticmethod
+    def _refuse_write(problem: str) -> NoReturn:
+        raise _refused(f"rlbus store endpoint (pid {os.getpid()}) is read-only: {problem}")
+
 
 def _reply(status: HTTPStatus, body: bytes, headers: dict[str, str]) -> Response:
     """A response with its header names spelled as ClickHouse spells them (Starlette would
@@ -242,8 +310,9 @@ def _escape(value: str) -> str:
 
 
 class Endpoint:
-    """Serves read-only queries on the chdb data directory this process holds; announces its
-    URL in `<dir>/.rlbus-endpoint` until closed."""
+    """Serves read-only queries on the chdb data directory this process holds to clients that
+    present its token; announces its URL and token in `<dir>/.rlbus-endpoint` (mode 0600)
+    until closed. Binds loopback unless given another host."""
 
     def __init__(self, data_dir: Path, host: str = "127.0.0.1", port: int = 0):
         engine_path = os.path.realpath(data_dir)
@@ -252,7 +321,8 @@ class Endpoint:
             timezone = probe.query("SELECT timezone()", "TabSeparated").bytes().decode().strip()
         finally:
             probe.close()
-        queries = _Queries(engine_path, timezone)
+        self.token = secrets.token_urlsafe(32)
+        queries = _Queries(engine_path, timezone, self.token)
         app = Starlette(routes=[Route("/{path:path}", queries.handle, methods=["GET", "POST"])])
         self._server = ServerThread(
             app, host, port, graceful_s=CLOSE_WAIT_S, name="rlbus-store-endpoint"
@@ -260,7 +330,7 @@ class Endpoint:
         self._server.start()
         self.url = self._server.url
         self._data_dir = Path(engine_path)
-        write_endpoint(self._data_dir, self.url)
+        write_endpoint(self._data_dir, self.url, self.token)
 
     def close(self) -> None:
         """Withdraw the URL file, stop serving, and wait for queries in flight."""

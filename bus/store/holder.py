@@ -11,9 +11,17 @@ import fcntl
 import os
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 ENDPOINT_FILE = ".rlbus-endpoint"
-"""Written into the data directory by the holder's endpoint: the URL it serves on."""
+"""Written into the data directory by the holder's endpoint, readable by its owner only: the
+URL it serves on, the PID that serves it and the token it requires."""
+
+
+class Announced(NamedTuple):
+    url: str
+    token: str
+    """The endpoint's password (clickhouse-connect sends it as the password)."""
 
 
 def holder_pid(data_dir: Path) -> int | None:
@@ -40,32 +48,38 @@ def endpoint_file(data_dir: Path) -> Path:
     return data_dir / ENDPOINT_FILE
 
 
-def write_endpoint(data_dir: Path, url: str) -> None:
-    """Announce this process's endpoint: the URL, then the PID that serves it."""
+def write_endpoint(data_dir: Path, url: str, token: str) -> None:
+    """Announce this process's endpoint: the URL, the PID that serves it, and its token, in a
+    file only this user can read (created so, never readable by others for a moment)."""
     target = endpoint_file(data_dir)
     staging = target.with_name(f"{target.name}.{os.getpid()}")
-    staging.write_text(f"{url}\n{os.getpid()}\n")
+    staging.unlink(missing_ok=True)
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{url}\n{os.getpid()}\n{token}\n")
     staging.replace(target)
 
 
 def withdraw_endpoint(data_dir: Path, url: str) -> None:
     """Remove the announcement of `url`, unless another holder has announced its own since."""
-    if read_endpoint(data_dir) == url:
+    announced = read_endpoint(data_dir)
+    if announced is not None and announced.url == url:
         endpoint_file(data_dir).unlink(missing_ok=True)
 
 
-def read_endpoint(data_dir: Path) -> str | None:
-    """The announced endpoint URL, unless the process that announced it is gone (a holder
+def read_endpoint(data_dir: Path) -> Announced | None:
+    """The announced endpoint, unless the process that announced it is gone (a holder
     killed without withdrawing it, whose successor has not announced its own yet)."""
     try:
-        url, _, pid = endpoint_file(data_dir).read_text().strip().partition("\n")
+        url, pid, token, *_ = [*endpoint_file(data_dir).read_text().split("\n"), "", ""]
     except FileNotFoundError:
         return None
-    if pid.strip().isdigit():
+    pid = pid.strip()
+    if pid.isdigit():
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
             return None
         except PermissionError:
             pass  # alive, owned by someone else
-    return url.strip() or None
+    return Announced(url.strip(), token.strip()) if url.strip() else None

@@ -11,6 +11,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from rich.table import Table
 
+from rlbus.bus.connection import client_options
 from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, fail, settings_from
 from rlbus.config import Settings
 from rlbus.console import console
@@ -51,8 +52,8 @@ def broker(ctx: typer.Context, config: ConfigOption = None) -> None:
 
 async def _describe(settings: Settings) -> tuple[Table, Table]:
     bootstrap = settings.kafka.bootstrap_servers
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**client_options(settings.kafka))
+    consumer = AIOKafkaConsumer(**client_options(settings.kafka))
     await admin.start()
     await consumer.start()
     try:

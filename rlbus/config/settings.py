@@ -6,10 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from rlbus.config.base import Section
+from rlbus.config.secret import Secret, SecretUrl
 
 DATA_DIR = "rlbus-data"
 """The local state directory of the embedded defaults, relative to the working directory."""
@@ -37,18 +40,38 @@ class KafkaConfig(Section):
     """Directory where a process writes, when its bus stops, the highest offset the broker
     acknowledged per topic and partition; `rlbus run` sets it, to count what a dead embedded
     broker took with it. Empty: not written."""
-    ack_ledger: str = ""
-    """Directory where a process writes, when its bus stops, the highest offset the broker
-    acknowledged per topic and partition; `rlbus run` sets it, to count what a dead embedded
-    broker took with it. Empty: not written."""
     announce_every_s: float = Field(5.0, gt=0)
     """Trainers and inference workers re-publish their current weights version this often, so a
     consumer that restarts past the original (the orchestrator) learns where the run stands."""
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """How every Kafka client connects: SSL (TLS), SASL_SSL (TLS + SASL login), SASL_PLAINTEXT
+    (SASL login without TLS: only inside a trusted network), PLAINTEXT (the embedded broker)."""
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    """SASL mechanism, for the SASL_* protocols."""
+    sasl_username: str = ""
+    """SASL user name, for the SASL_* protocols."""
+    sasl_password: Secret = Secret("")
+    """SASL password (never printed); set it from the environment: RLBUS_KAFKA__SASL_PASSWORD."""
+    ssl_cafile: str = ""
+    """PEM file of the CA that signed the brokers' certificates (empty: the system's CAs)."""
+    ssl_certfile: str = ""
+    """PEM client certificate, for brokers that require mutual TLS."""
+    ssl_keyfile: str = ""
+    """PEM private key of ssl_certfile."""
+    ssl_key_password: Secret = Secret("")
+    """Password of ssl_keyfile, if it is encrypted (never printed)."""
+    ssl_check_hostname: bool = True
+    """Check that a broker's certificate names the host connected to."""
 
 
 class StoreConfig(Section):
-    url: str = DEFAULT_STORE_URL
-    """ClickHouse: chdb://PATH (in-process engine) or http(s)://[user:password@]host:8123[/database]."""
+    url: SecretUrl = SecretUrl(DEFAULT_STORE_URL)
+    """ClickHouse: chdb://PATH (in-process engine) or http(s)://[user:password@]host:8123[/database].
+    Printed with its password masked; keep the password out of committed files (store.password
+    from the environment, or the whole URL in RLBUS_STORE__URL)."""
+    password: Secret = Secret("")
+    """ClickHouse password, written into url (replacing one there) and never printed; set it
+    from the environment (RLBUS_STORE__PASSWORD) or a Kubernetes Secret."""
     batch_rows: int = Field(20_000, ge=1)
     """Sink flushes a table when this many rows are buffered..."""
     flush_interval_s: float = Field(0.5, gt=0)
@@ -56,20 +79,40 @@ class StoreConfig(Section):
     serve_http: bool = True
     """While a process holds a chdb store, serve read-only queries to others on loopback."""
     http_host: str = "127.0.0.1"
-    """Address of that read-only endpoint."""
+    """Address of that read-only endpoint (it requires the token in its endpoint file, which
+    only its owner can read; another address exposes it beyond this machine's users)."""
     dedup_window: int = Field(DEFAULT_DEDUP_WINDOW, ge=0)
     """Inserted blocks remembered per table for insert_deduplication_token."""
     conflict_check_s: float = Field(5.0, gt=0)
     """The sink looks this often for ids newly stored with a second, different content (the
     `conflicts` view) and logs each once."""
 
+    @model_validator(mode="after")
+    def _password_into_url(self) -> StoreConfig:
+        if self.password and self.url.startswith(("http://", "https://")):
+            parts = urlsplit(self.url.reveal())
+            user = parts.username or "default"
+            host = parts.netloc.rpartition("@")[2]
+            netloc = f"{user}:{quote(self.password.reveal(), safe='')}@{host}"
+            self.url = SecretUrl(urlunsplit(parts._replace(netloc=netloc)))
+        return self
+
 
 class ClaimCheckConfig(Section):
     url: str = f"file://./{DATA_DIR}/claims"
-    """fsspec URL where payloads over the threshold are written; events carry their URI."""
+    """fsspec URL of the claim store: payloads over the threshold are written there, and events
+    carry only their key under it (a consumer reads nothing else)."""
     threshold_bytes: int = Field(512 * 1024, ge=1)
     """Encoded events larger than this go through the claim check (Kafka's default limit is 1
     MiB)."""
+    max_bytes: int = Field(1024 * 1024 * 1024, ge=1)
+    """Largest claim a consumer reads; a bigger one is dead-lettered."""
+    read_timeout_s: float = Field(60.0, gt=0)
+    """A claim not read within this is dead-lettered (a consumer is never wedged by it)."""
+    retention_s: float = Field(7 * 24 * 3600.0, gt=0)
+    """Claims older than this are deleted (by the processes that write claims). Keep it at
+    least the topics' retention (Kafka's default: 7 days): a message still on a topic must
+    find its claim."""
 
 
 class TelemetryConfig(Section):

@@ -48,6 +48,11 @@ STOP_ORDER = {"orchestrator": 0, "env": 1, "judge": 2, "trainer": 3, "inference"
 """Orchestrator and producers first, the trainer (finishing its batch), inference, the sink last."""
 
 
+def banner(settings: Settings, logs: Path) -> str:
+    """The line `rlbus run` starts with; the store URL shows without its password."""
+    return f"broker {settings.kafka.bootstrap_servers} · store {settings.store.url} · logs {logs}"
+
+
 class LocalRun:
     """Every role of a run as child processes; `run()` blocks until done, Ctrl-C or a failure."""
 
@@ -101,10 +106,7 @@ class LocalRun:
             base = base.model_copy(
                 update={"kafka": base.kafka.model_copy(update={"ack_ledger": ledger})}
             )
-            self.console.print(
-                f"broker {base.kafka.bootstrap_servers} · store {base.store.url} · "
-                f"logs {self.run_dir / 'logs'}"
-            )
+            self.console.print(banner(base, self.run_dir / "logs"), markup=False)
             try:
                 return self._run(base, timeout_s)
             finally:
