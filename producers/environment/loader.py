@@ -44,7 +44,9 @@ class Environment:
     def tasks(self, run_id: str = "") -> TaskStream:
         """The task set's rows as TaskPublished events of this environment (lazy)."""
         rows = self.taskset.rows
-        return TaskStream(lambda: (to_task(row, env=self.id, run_id=run_id) for row in rows()))
+        return TaskStream(
+            lambda: (to_task(row, self.id, run_id, replace_env=True) for row in rows())
+        )
 
 
 def _import_file(path: Path) -> ModuleType:

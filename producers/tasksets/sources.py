@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
+import msgspec
+
 from rlbus.schemas import TaskPublished, derived_id
 
 TASK_FIELDS = {
@@ -147,12 +149,19 @@ def read_rows(source: str) -> Iterator[dict[str, Any] | TaskPublished]:
 
 
 def to_task(
-    row: dict[str, Any] | TaskPublished, env: str | None = None, run_id: str = ""
+    row: dict[str, Any] | TaskPublished,
+    env: str | None = None,
+    run_id: str = "",
+    *,
+    replace_env: bool = False,
 ) -> TaskPublished:
     """A row as a TaskPublished: aliases mapped, other columns kept in `info`, and a task id
-    derived from the content when the row has none (so republishing is idempotent)."""
+    derived from the content when the row has none (so republishing is idempotent).
+
+    `env` names the environment of a row that has no `env` (or `task`) column; with
+    `replace_env`, of every row (an environment's own task set runs under its configured id)."""
     if isinstance(row, TaskPublished):
-        task = row
+        task = msgspec.structs.replace(row, env=env) if env and replace_env else row
     else:
         fields: dict[str, Any] = {}
         info: dict[str, Any] = dict(row.get("info") or {})
@@ -164,7 +173,7 @@ def to_task(
                 fields[key] = value
             else:
                 info[key] = value
-        if env:
+        if env and (replace_env or "env" not in fields):
             fields["env"] = env
         if "env" not in fields:
             raise TaskSourceError(
