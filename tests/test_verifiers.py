@@ -278,3 +278,57 @@ def test_rlbus_eval_of_a_verifiers_environment_end_to_end(eval_settings: Setting
         ).rows
     assert tasks == [("vf_reverse_text",)]
     assert [round(r, 9) for (r,) in scored] == [reward for reward, _ in theirs]
+
+
+RUN = """
+run_id = "vf-train"
+max_steps = 2
+
+[orchestrator]
+tasks_per_step = 4
+eval_every = 0
+seq_len = 512
+
+[envs.vf_reverse_text]
+path = "env.toml"
+algorithm.name = "grpo"
+"""
+
+ENV = """
+[env]
+taskset = "verifiers:vf_reverse_text"
+group_size = 4
+args = { n = 64 }
+
+[env.sampling]
+temperature = 1.0
+max_tokens = 8
+"""
+
+
+@pytest.mark.slow
+def test_rlbus_run_trains_on_a_verifiers_environment(tmp_path: Path) -> None:
+    from rlbus.consumers.inference.model_init import init_model
+
+    init_model(tmp_path / "tiny", seed=0)
+    (tmp_path / "rl.toml").write_text(RUN)
+    (tmp_path / "env.toml").write_text(ENV)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlbus", "run", str(tmp_path / "rl.toml")]
+        + ["--model", str(tmp_path / "tiny"), "--store.url", f"chdb://{tmp_path / 'store'}"]
+        + ["--claim-check.url", str(tmp_path / "claims")],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "finished at step 2" in out.stdout
+    with open_store(f"chdb://{tmp_path / 'store'}", read_only=True) as store:
+        steps = store.query("SELECT step FROM train_steps FINAL WHERE run_id = 'vf-train'").rows
+        scored = store.query(
+            "SELECT DISTINCT env, arraySort(mapKeys(rewards)) FROM scored FINAL "
+            "WHERE run_id = 'vf-train' AND status = 'ok'"
+        ).rows
+    assert sorted(steps) == [(1,), (2,)]
+    assert scored == [("vf_reverse_text", ["concise", "exact", "partial"])]
