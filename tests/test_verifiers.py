@@ -165,6 +165,51 @@ def test_stored_completions_score_the_same_in_verifiers_and_rlbus(
     assert scores_of(env, as_rollouts(env, outputs)) == rewards
 
 
+QUIRKS = """
+import verifiers as vf
+from datasets import Dataset
+
+async def length(completion, parser) -> float:
+    return float(len(parser.parse_answer(completion) or ""))
+
+def strict(completion, answer, parser) -> float:
+    got = parser.parse_answer(completion) or ""
+    if got != answer:
+        raise ValueError(f"{got!r} is not {answer!r}")
+    return 1.0
+
+def remember(completion, state, parser) -> float:
+    state["seen"] = parser.parse_answer(completion)
+    return 0.0
+
+def recall(state, answer, **kwargs) -> float:
+    return float(state.get("seen") == answer) + 0.5 * float("question" in kwargs)
+
+def load_environment():
+    words = ["abcde", "hello", "verify", "rlbus"]
+    rows = [{"question": f"Reverse the text: {w}", "answer": w[::-1]} for w in words]
+    rubric = vf.Rubric(funcs=[length, strict, remember, recall], weights=[0.1, 1.0, 0.0, 2.0])
+    return vf.SingleTurnEnv(eval_dataset=Dataset.from_list(rows), rubric=rubric)
+"""
+
+
+def test_async_raising_and_state_sharing_functions_score_as_in_verifiers(tmp_path: Path) -> None:
+    """An async function, one that raises (0, as in verifiers), one that leaves something in
+    state for the next, and one taking **kwargs (which sees the row's columns)."""
+    (tmp_path / "vf_quirks.py").write_text(QUIRKS)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with ScriptedServer(ScriptedModel(chat=varied)) as server:
+            env = load("vf_quirks", f"{server.url}/v1")
+            outputs = vf_evaluate(env, f"{server.url}/v1", n=4, r=2)
+    finally:
+        sys.path.remove(str(tmp_path))
+    rewards = vf_scores(outputs)
+    assert {m["strict"] for _, m in rewards} == {0.0, 1.0}  # some raised
+    assert {m["recall"] for _, m in rewards} == {0.5, 1.5}
+    assert scores_of(env, as_rollouts(env, outputs)) == rewards
+
+
 def test_the_mapping_of_a_single_turn_environment() -> None:
     env = load("vf_reverse_text", "http://127.0.0.1:9/v1", n=3, eval_n=2)
     rules = env.rules

@@ -4,10 +4,11 @@
 - its dataset (the eval dataset for `eval_rows`) becomes tasks: the prompt verifiers formatted
   (system prompt and few-shot included), the answer, its info, and the whole row under
   info["verifiers"] so rewards see every column verifiers would give them;
-- its rubric's functions become rules with their weights (weight 0: a metric; a function over
-  plural arguments: a group reward), each called through the rubric that owns it, so it gets
-  the same arguments (parser and other class objects included) and an exception scores 0, as
-  in verifiers; the state they see is rebuilt from the rollout, one per rollout and scoring;
+- its rubric's functions become rules with their weights (weight 0 after the weighted ones: a
+  metric; a function over plural arguments: a group reward), in verifiers' order, each called
+  as verifiers calls it: with what its own rubric offers (parser and other class objects
+  included), and scoring 0 if it raises; the state they see is rebuilt from the rollout, one
+  per rollout and scoring;
 - SingleTurnEnv runs in the `single` harness, ToolEnv in `tools` with its tools and max_turns,
   a MultiTurnEnv through a user turn that calls its `env_response` (setup_state first, its
   stop conditions before each reply); JSON-serializable state it sets travels in the rollout's
@@ -16,12 +17,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import json
-import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from rlbus.config import ConfigError
@@ -41,8 +44,6 @@ REBUILT = frozenset(
 """State keys rebuilt from the rollout; the others an environment sets are carried over."""
 SAMPLING = ("temperature", "top_p", "max_tokens", "stop", "seed")
 """verifiers sampling_args that map onto rlbus's [env.sampling]."""
-
-log = logging.getLogger(__name__)
 
 
 def _vf() -> Any:
@@ -129,17 +130,21 @@ class States:
         self.env = env
         self.size = size
         self._states: OrderedDict[int, tuple[RolloutCompleted, Any]] = OrderedDict()
+        self._lock = threading.Lock()  # rules of different rollouts run on different threads
 
     def of(self, rollout: RolloutCompleted) -> Any:
-        held = self._states.get(id(rollout))
+        with self._lock:
+            held = self._states.get(id(rollout))
         if held is not None and held[0] is rollout:
             return held[1]
         state = self.build(rollout.prompt, rollout.completion, rollout.info)
         state["trajectory_id"] = rollout.rollout_id
         state["model"] = rollout.model
-        self._states[id(rollout)] = (rollout, state)
-        while len(self._states) > self.size:
-            self._states.popitem(last=False)
+        with self._lock:
+            # Holding the rollout keeps its id from being reused while the entry lives.
+            self._states[id(rollout)] = (rollout, state)
+            while len(self._states) > self.size:
+                self._states.popitem(last=False)
         return state
 
     def build(self, prompt: Any, completion: list[dict[str, Any]], info: dict[str, Any]) -> Any:
@@ -203,29 +208,74 @@ def _leaves(rubric: Any) -> Iterator[tuple[Any, Callable[..., Any], float]]:
     yield from ((rubric, f, w) for f, w in zip(rubric.funcs, rubric.weights, strict=True))
 
 
+@dataclass
+class _Function:
+    """One rubric function as rlbus calls it, by verifiers' rule: with the parameters it names
+    (everything when it takes **kwargs) out of its own rubric's objects; if it raises, the rubric
+    logs it and it scores 0. A synchronous one runs on rlbus's rule threads, as any rule."""
+
+    owner: Any
+    func: Callable[..., Any]
+    states: States
+    group: bool
+
+    def _objects(self, given: dict[str, Any]) -> dict[str, Any]:
+        if self.group:
+            return self.owner.group_score_objects([self.states.of(r) for r in given["group"]])
+        return self.owner.score_objects(self.states.of(given["rollout"]))
+
+    def _call(self, given: dict[str, Any]) -> Any:
+        objects = self._objects(given)
+        params = inspect.signature(self.func).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            objects = {k: v for k, v in objects.items() if k in params}
+        return self.func(**objects)
+
+    def _failed(self, exc: Exception, given: dict[str, Any]) -> Any:
+        name = getattr(self.func, "__name__", repr(self.func))
+        self.owner.logger.error(f"Error calling reward function {name}: {exc}")
+        return [0.0] * len(given["group"]) if self.group else 0.0
+
+    def sync(self, **given: Any) -> Any:
+        try:
+            result = self._call(given)
+            result = asyncio.run(result) if inspect.isawaitable(result) else result
+            return result if self.group else float(result)
+        except Exception as exc:
+            return self._failed(exc, given)
+
+    async def coroutine(self, **given: Any) -> Any:
+        try:
+            result = await self._call(given)
+            return result if self.group else float(result)
+        except Exception as exc:
+            return self._failed(exc, given)
+
+    def rule(self, name: str, weight: float, kind: str) -> Rule:
+        call = self.coroutine if inspect.iscoroutinefunction(self.func) else self.sync
+        return Rule(name, kind, weight, call, (), (), True)  # type: ignore[arg-type]
+
+
 def reward_rules(rubric: Any, states: States) -> Rules:
-    """A rubric's functions as rlbus rules with their weights, each scored through its rubric."""
+    """A rubric's functions as rlbus rules with their weights; a function of the group is a
+    group reward, one of weight 0 after the last weighted one a metric. (The scorer runs rewards,
+    then metrics, then group rewards: verifiers' order, where a function may leave something in
+    state for a later one, holds so.) A name used twice gets a suffix (_2, ...)."""
     rules = Rules()
+    found = [
+        (owner, func, weight, owner._is_group_func(func)) for owner, func, weight in _leaves(rubric)
+    ]
+    last_weighted = max((i for i, (_, _, w, g) in enumerate(found) if w and not g), default=-1)
     seen: dict[str, int] = {}
-    for owner, func, weight in _leaves(rubric):
+    for i, (owner, func, weight, group) in enumerate(found):
         base = getattr(func, "__name__", type(func).__name__)
         seen[base] = seen.get(base, 0) + 1
         name = base if seen[base] == 1 else f"{base}_{seen[base]}"
-        if owner._is_group_func(func):
-
-            async def group(_o: Any = owner, _f: Any = func, **given: Any) -> list[float]:
-                return await _o._call_group_reward_func(_f, [states.of(r) for r in given["group"]])
-
-            rules.group_rewards.append(Rule(name, "group_reward", weight, group, (), (), True))
-            continue
-
-        async def one(_o: Any = owner, _f: Any = func, **given: Any) -> float:
-            return await _o._call_individual_reward_func(_f, states.of(given["rollout"]))
-
-        kind = "reward" if weight else "metric"
-        (rules.rewards if weight else rules.metrics).append(
-            Rule(name, kind, weight, one, (), (), True)
-        )
+        kind = "group_reward" if group else "metric" if i > last_weighted else "reward"
+        rule = _Function(owner, func, states, group).rule(name, weight, kind)
+        {"reward": rules.rewards, "metric": rules.metrics, "group_reward": rules.group_rewards}[
+            kind
+        ].append(rule)
     return rules
 
 
@@ -306,8 +356,9 @@ class VerifiersTaskSet(TaskSet):
         super().__init__(**args)
         self.vf_env = env = load(self.vf_name, args)
         harness: dict[str, Any] = {"kind": harness_kind(env)}
+        # verifiers' -1 (no limit) leaves rlbus's harness.max_turns.
         if env.max_turns > 0 and not isinstance(env, _vf().SingleTurnEnv):
-            harness["max_turns"] = env.max_turns  # unlimited in verifiers: rlbus's default
+            harness["max_turns"] = env.max_turns
         sampling = {k: env.sampling_args[k] for k in SAMPLING if k in env.sampling_args}
         self.defaults = {"harness": harness, "sampling": sampling}
         self.states = States(env)
