@@ -1,5 +1,6 @@
 """Finding an environment by what the user typed: a TOML file or a directory holding env.toml,
-an installed entry point (group "rlbus.environments"), package.module:Class, or FILE.py[:Class]."""
+an installed entry point (group "rlbus.environments"), package.module:Class, FILE.py[:Class], or
+verifiers:NAME (an installed verifiers environment)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import importlib.util
 import inspect
 import sys
 import tomllib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -25,6 +27,8 @@ from rlbus.producers.tasksets.sources import to_task
 from rlbus.producers.tasksets.stream import TaskStream
 
 GROUP = "rlbus.environments"
+VERIFIERS = "verifiers:"
+"""`verifiers:NAME`: an installed verifiers environment (see environment/verifiers.py)."""
 ENV_FILE = "env.toml"
 
 
@@ -43,8 +47,17 @@ class Environment:
 
     def tasks(self, run_id: str = "") -> TaskStream:
         """The task set's rows as TaskPublished events of this environment (lazy)."""
-        rows = self.taskset.rows
-        return TaskStream(lambda: (to_task(row, env=self.id, run_id=run_id) for row in rows()))
+        return self._stream(self.taskset.rows, run_id)
+
+    def eval_tasks(self, run_id: str = "") -> TaskStream:
+        """The tasks to evaluate on: the task set's `eval_rows` where it has them (a verifiers
+        environment's eval dataset), else its rows."""
+        return self._stream(getattr(self.taskset, "eval_rows", self.taskset.rows), run_id)
+
+    def _stream(self, rows: Callable[[], Iterable[Any]], run_id: str) -> TaskStream:
+        return TaskStream(
+            lambda: (to_task(row, self.id, run_id, replace_env=True) for row in rows())
+        )
 
 
 def _import_file(path: Path) -> ModuleType:
@@ -93,7 +106,11 @@ def _entry_point(name: str) -> type[TaskSet] | None:
 def resolve_taskset(ref: str, base_dir: Path | None = None) -> tuple[type[TaskSet], str]:
     """The TaskSet class `ref` names, and `ref` resolved (file paths made absolute)."""
     target, _, attr = ref.partition(":")
-    if target.endswith(".py"):
+    if ref.startswith(VERIFIERS):
+        from rlbus.producers.environment.verifiers import taskset_class
+
+        cls, resolved = taskset_class(ref[len(VERIFIERS) :]), ref
+    elif target.endswith(".py"):
         path = Path(target) if base_dir is None or Path(target).is_absolute() else base_dir / target
         module = _import_file(path)
         resolved = f"{path.resolve()}{':' + attr if attr else ''}"
@@ -106,8 +123,8 @@ def resolve_taskset(ref: str, base_dir: Path | None = None) -> tuple[type[TaskSe
         if cls is None:
             known = sorted(ep.name for ep in entry_points(group=GROUP))
             raise ConfigError(
-                f"no environment {ref!r}: not a .toml/.py path, module:Class, or an installed "
-                f"entry point in group {GROUP!r} (installed: {known or 'none'})"
+                f"no environment {ref!r}: not a .toml/.py path, module:Class, verifiers:NAME, or "
+                f"an installed entry point in group {GROUP!r} (installed: {known or 'none'})"
             )
     if not (inspect.isclass(cls) and issubclass(cls, TaskSet)):
         raise ConfigError(f"{ref} is {cls!r}, not a TaskSet subclass")
@@ -137,13 +154,20 @@ def load_environment(spec: str, overrides: dict[str, Any] | None = None) -> Envi
         cls, ref = resolve_taskset(table["taskset"], file.parent)
     else:
         cls, ref = resolve_taskset(spec)
-    merged = deep_merge(deep_merge(dict(cls.defaults), table), overrides or {})
-    merged["taskset"] = ref
-    try:
-        config = EnvConfig(**merged)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, f"environment {spec}")) from exc
+
+    def configured(defaults: dict[str, Any]) -> EnvConfig:
+        merged = deep_merge(deep_merge(dict(defaults), table), overrides or {})
+        try:
+            return EnvConfig(**{**merged, "taskset": ref})
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, f"environment {spec}")) from exc
+
+    config = configured(cls.defaults)
     taskset = cls(**config.args)
+    if taskset.defaults is not cls.defaults:
+        # A task set that learns its defaults from what it loaded (a verifiers environment: its
+        # harness, turns and sampling) sets them on itself; the TOML and the CLI still win.
+        config = configured(taskset.defaults)
     env_id = config.id or cls.env_id()
     source = (
         file.resolve()
@@ -152,11 +176,13 @@ def load_environment(spec: str, overrides: dict[str, Any] | None = None) -> Envi
         if ref.partition(":")[0].endswith(".py")
         else None
     )
+    # A task set adapted from another framework builds its rules from what it loaded.
+    adapted = getattr(taskset, "adapted_rules", None)
     return Environment(
         env_id,
         taskset,
         config,
-        discover(taskset),
+        adapted() if adapted is not None else discover(taskset),
         str(source) if file else ref,
         source.parent if source else Path.cwd(),
     )

@@ -15,6 +15,7 @@ from rlbus.commands.common import (
     OVERRIDES_HELP,
     ConfigOption,
     exits_on,
+    fail,
     run_until_signal,
     settings_from,
     start_role,
@@ -119,10 +120,19 @@ def judge(
     from rlbus.consumers.judge import run_judge
     from rlbus.producers.environment import load_environment
 
+    # ENV... takes every word the options parser leaves, overrides included: they begin at the
+    # first word that starts with "--".
+    cut = next((i for i, spec in enumerate(env_specs) if spec.startswith("--")), len(env_specs))
+    env_specs, ctx.args = env_specs[:cut], [*env_specs[cut:], *ctx.args]
+    if not env_specs:
+        raise fail("rlbus worker judge: name the environments (ENV...) before any override")
     settings = _settings(ctx, config, "judge")
     with exits_on(ConfigError):
         environments = [load_environment(spec, {}) for spec in env_specs]
-    console.print(f"judge for {', '.join(e.id for e in environments)}")
+    console.print(
+        f"judge for {', '.join(e.id for e in environments)} (run {settings.run_id!r})",
+        markup=False,
+    )
 
     async def main(stop: asyncio.Event) -> int:
         return (await run_judge(settings, environments, stop)).scored

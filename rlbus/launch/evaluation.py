@@ -43,7 +43,7 @@ class EvalResult:
 
 
 def _tasks(env: Environment, run_id: str, n: int, skip: set[str]) -> Iterator[TaskPublished]:
-    for task in env.tasks(run_id).take(n):
+    for task in env.eval_tasks(run_id).take(n):
         if task.task_id in skip:
             continue
         # Stable per run and task, so a resumed or repeated run republishes the same ids.
