@@ -59,6 +59,8 @@ class ReadyGroup:
     samples: list[TrainSample]
     rewards: list[float]
     rollout_ids: list[str]
+    env: str = ""
+    """The environment the group came from: its algorithm names the batch."""
 
     @property
     def oldest_version(self) -> int:
@@ -201,7 +203,7 @@ class Orchestrator:
             raise
         if kept:
             rewards = [m.scored.reward for m in group.members]
-            self.ready.append(ReadyGroup(kept, rewards, rollout_ids))
+            self.ready.append(ReadyGroup(kept, rewards, rollout_ids, group.env))
         else:
             self._release(rollout_ids)
 
@@ -333,9 +335,8 @@ class Orchestrator:
                 batch_id=batch_id,
                 step=self.step,
                 samples=fresh.kept,
-                algorithm="+".join(
-                    sorted({type(a).__name__.lower() for a in self.algorithms.values()})
-                ),
+                # The registry's names (what run configs say), of the groups in this batch.
+                algorithm="+".join(sorted({self.algorithms[g.env].cfg.name for g in taken})),
                 num_tokens=sum(len(tokens(s.input_ids)) for s in fresh.kept),
                 min_policy_version=min(versions),
                 max_policy_version=max(versions),
