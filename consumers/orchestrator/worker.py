@@ -22,8 +22,10 @@ from rlbus.consumers.orchestrator.algorithms import Algorithm
 from rlbus.consumers.orchestrator.join import Group, Joiner
 from rlbus.consumers.orchestrator.pacing import Pacer
 from rlbus.consumers.orchestrator.tasks import EVAL_VERSION, SPLIT, TaskSource
+from rlbus.producers.environment.judges import JUDGE_BRANCH
 from rlbus.schemas import (
     TaskPublished,
+    TraceNode,
     TrainBatch,
     TrainSample,
     WeightLoaded,
@@ -159,6 +161,8 @@ class Orchestrator:
                 self._on_version(event.version)
             elif isinstance(event, WeightLoaded):
                 self.served = max(self.served, event.version)
+            elif isinstance(event, TraceNode) and event.branch_id == JUDGE_BRANCH:
+                continue  # an LLM judge's call behind a score: not the policy's to train on
             elif getattr(event, "rollout_id", "") not in self.batched:
                 d.hold()
                 self.held.setdefault(event.rollout_id, []).append(d)  # type: ignore[attr-defined]
