@@ -2,8 +2,8 @@
 function, pass@k over groups, token usage and errors by kind. Read from ClickHouse rather
 than from memory so a resumed run reports on all of its rollouts.
 
-Scores are read for one scorer version: the one asked for, or (as the views do) the version
-that scored last in the run and environment."""
+Scores are read as the views read them: each rollout's newest score (`latest_scores`), or one
+scorer version's scores alone when one is asked for."""
 
 from __future__ import annotations
 
@@ -24,9 +24,11 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 class Report:
     run_id: str
     scorer_version: str = ""
-    """The version these scores are of."""
+    """The version asked for; '' for each rollout's newest score."""
     versions: dict[str, int] = field(default_factory=dict)
     """Every scorer version of the run and environment, newest first, with its scored rollouts."""
+    counted: dict[str, int] = field(default_factory=dict)
+    """The versions of the scores this report counts, with their rollouts."""
     rollouts: int = 0
     tasks: int = 0
     mean_reward: float = 0.0
@@ -58,38 +60,42 @@ def eval_report(
     pass_threshold: float = 1.0,
     version: str | None = None,
 ) -> Report:
-    """`version`: the scorer version to read (default: the one that scored last)."""
+    """`version`: the scorer version to read (default: each rollout's newest score)."""
     versions = scorer_versions(store, run_id, env_id)
-    if version is None:
-        version = next(iter(versions), "")
-    elif version not in versions:
+    if version is not None and version not in versions:
         raise KeyError(
             f"run {run_id!r} has no scores of {env_id} by scorer version {version!r}; "
             f"its versions: {', '.join(map(repr, versions)) or 'none'}"
         )
-    where = {"run": run_id, "env": env_id, "version": version}
-    report = Report(run_id, version, versions)
+    where = {"run": run_id, "env": env_id, "version": version or ""}
+    report = Report(run_id, version or "", versions)
     rollouts = "run_id = {run:String} AND env = {env:String}"
-    scope = f"{rollouts} AND scorer_version = {{version:String}}"
+    scores = "scores_at(version = {version:String})"
     row = store.query(
-        f"SELECT count(), uniqExact(task_id), avg(reward) FROM scored FINAL WHERE {scope}", where
+        f"SELECT count(), uniqExact(task_id), avg(reward) FROM {scores} WHERE {rollouts}", where
     ).rows[0]
     report.rollouts, report.tasks, report.mean_reward = (
         int(row[0]),
         int(row[1]),
         float(row[2] or 0.0),
     )
+    counted = store.query(
+        f"SELECT scorer_version, count() AS n FROM {scores} WHERE {rollouts} "
+        "GROUP BY scorer_version ORDER BY n DESC, scorer_version",
+        where,
+    ).rows
+    report.counted = {str(v): int(n) for v, n in counted}
     for column, target in (("rewards", report.rewards), ("metrics", report.metrics)):
         rows = store.query(
-            f"SELECT k, avg(v) FROM scored FINAL "
+            f"SELECT k, avg(v) FROM {scores} "
             f"ARRAY JOIN mapKeys({column}) AS k, mapValues({column}) AS v "
-            f"WHERE {scope} AND status = 'ok' GROUP BY k ORDER BY k",
+            f"WHERE {rollouts} AND status = 'ok' GROUP BY k ORDER BY k",
             where,
         ).rows
         target.update({str(k): float(v) for k, v in rows})
     groups = store.query(
         "SELECT count(), countIf(reward >= {threshold:Float64} AND status = 'ok') "
-        f"FROM scored FINAL WHERE {scope} GROUP BY task_id",
+        f"FROM {scores} WHERE {rollouts} GROUP BY task_id",
         {**where, "threshold": pass_threshold},
     ).rows
     if groups:
@@ -105,11 +111,10 @@ def eval_report(
     report.prompt_tokens, report.completion_tokens = int(tokens[0] or 0), int(tokens[1] or 0)
     errors = store.query(
         "SELECT if(r.status = 'error', r.error_kind, 'reward') AS kind, count() "
-        "FROM scored AS s FINAL INNER JOIN "
+        f"FROM (SELECT rollout_id FROM {scores} WHERE {rollouts} AND status = 'error') AS s "
+        "INNER JOIN "
         f"(SELECT rollout_id, status, error_kind FROM rollouts FINAL WHERE {rollouts}) AS r "
         "ON s.rollout_id = r.rollout_id "
-        "WHERE s.run_id = {run:String} AND s.env = {env:String} "
-        "AND s.scorer_version = {version:String} AND s.status = 'error' "
         "GROUP BY kind ORDER BY kind",
         where,
     ).rows

@@ -93,7 +93,7 @@ def test_rescore_adds_a_version_and_both_stay_queryable(
 ) -> None:
     run = evaluated.run_id
     first = rules_version(load_environment(REVERSE_TEXT))
-    assert evaluated.report.scorer_version == first and evaluated.report.mean_reward == 1.75
+    assert evaluated.report.counted == {first: 6} and evaluated.report.mean_reward == 1.75
 
     result = rescore(load_environment(STRICTER), settings, run_id=run, show_progress=False)
     second = result.version
@@ -108,11 +108,12 @@ def test_rescore_adds_a_version_and_both_stay_queryable(
         count(settings, "SELECT count() FROM scored FINAL WHERE run_id = {run:String}", run) == 12
     )
     with open_store(settings.store.url, read_only=True) as store:
-        assert eval_report(store, run, "reverse_text").mean_reward == 1.0  # the latest
+        latest = eval_report(store, run, "reverse_text")  # each rollout's newest score
+        assert (latest.mean_reward, latest.counted) == (1.0, {second: 6})
         assert eval_report(store, run, "reverse_text", version=first).mean_reward == 1.75
         with pytest.raises(KeyError, match="no scores of reverse_text by scorer version 'nope'"):
             eval_report(store, run, "reverse_text", version="nope")
-        # The views count each rollout once: the latest version unless one is chosen.
+        # The views count each rollout once: its newest score unless a version is chosen.
         for view, column, latest, earlier in (
             ("reward_by_step", "mean_reward", 1.0, 1.75),
             ("env_pass_rate", "mean_reward", 1.0, 1.75),
@@ -153,6 +154,17 @@ def test_where_selects_rollouts_and_group_rewards_see_the_stored_group(
     )
     assert (result.selected, result.tally.rollouts, result.version) == (3, 3, "first-samples")
     assert result.report.rewards["group_seen"] == 2.0
+    # By default each rollout counts with its newest score: three rescored, three as they were.
+    original = rules_version(load_environment(REVERSE_TEXT))
+    with open_store(settings.store.url, read_only=True) as store:
+        latest = eval_report(store, run, "reverse_text")
+        view = store.query(
+            "SELECT rollouts, mean_reward FROM reward_by_step WHERE run_id = {run:String}",
+            {"run": run},
+        )
+    assert latest.counted == {"first-samples": 3, original: 3}
+    assert latest.mean_reward == view.rows[0][1] == (3 * 1.0 + 3 * 1.75) / 6
+    assert view.rows[0][0] == 6
     picked = rows(
         settings,
         "SELECT sample_index, count() FROM scored FINAL WHERE run_id = {run:String} "

@@ -27,11 +27,16 @@ EnvArgument = Annotated[
 ]
 
 
+def _versions(counts: dict[str, int]) -> str:
+    return ", ".join(f"{v or '(unversioned)'} ({n:,})" for v, n in counts.items())
+
+
 def version_line(report: Report) -> str:
-    """Which scorer version the summary reads, and the run's others."""
-    others = [f"{v or '(unversioned)'}: {n:,}" for v, n in report.versions.items()]
-    line = report.scorer_version or "(unversioned)"
-    return f"{line}  (of {len(others)}: {', '.join(others)})" if len(others) > 1 else line
+    """Which scores the summary counts, and the run's scorer versions when it has several."""
+    counted = report.scorer_version or f"each rollout's newest: {_versions(report.counted)}"
+    if len(report.versions) < 2:
+        return counted
+    return f"{counted}; versions: {_versions(report.versions)}"
 
 
 def render_report(
@@ -137,8 +142,8 @@ def eval_command(
     scorer_version: Annotated[
         str | None,
         typer.Option(
-            help="The scorer version the summary reads (default: the one that scored last; "
-            "`rlbus rescore` adds versions)."
+            help="The scorer version the summary reads (default: each rollout's newest "
+            "score; `rlbus rescore` adds versions)."
         ),
     ] = None,
     config: ConfigOption = None,

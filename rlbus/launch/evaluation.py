@@ -90,7 +90,7 @@ def run_eval(
     show_progress: bool = True,
 ) -> EvalResult:
     """Evaluate the first `n` tasks of `env`; returns once every score is in the store.
-    `scorer_version`: the one the report reads (default: the one that scored last)."""
+    `scorer_version`: the one the report reads (default: each rollout's newest score)."""
     with local_broker(settings) as (live, _), local_sink(live) as sink:
         run_id = _run_id(sink, env, run_id, resume)
         done: set[str] = set()

@@ -1,19 +1,60 @@
 -- RolloutScored.scorer_version: which scoring a score belongs to (the judge's rules digest, or the
 -- name given to `rlbus rescore --as`); '' for scores stored before versions existed. A rollout
--- has one score per version, so the views over scores count one version per run and
--- environment: the version that scored last, unless one is chosen.
+-- has one score per version, and the views over scores count each rollout once.
 ALTER TABLE `scored` ADD COLUMN IF NOT EXISTS `scorer_version` String;
 
--- The scores of one version per run and environment: `scores_at(version = 'V')` holds version V,
--- and `scores_at(version = '')` the version that scored last in each run and environment. Each
--- view over scores below is `NAME_at(version = ...)`, and `NAME` is `NAME_at(version = '')`.
+-- Each rollout's newest score, whichever version gave it: an index kept by ClickHouse as scores
+-- are inserted (the history stays whole in `scored`), ordered so one run's rows are read alone.
+-- Read it with FINAL. A column added to `scored` later is added here and to the view too.
+CREATE TABLE IF NOT EXISTS `latest_scores`
+(
+    `event_id` String,
+    `ts` DateTime64(6, 'UTC'),
+    `run_id` LowCardinality(String),
+    `rollout_id` String,
+    `group_id` String,
+    `task_id` String,
+    `env` LowCardinality(String),
+    `sample_index` Int64,
+    `group_size` Int64,
+    `reward` Float64,
+    `rewards` Map(String, Float64),
+    `metrics` Map(String, Float64),
+    `status` LowCardinality(String),
+    `error` String,
+    `policy_version` Int64,
+    `completion_tokens` Int64,
+    `scorer_version` String
+)
+ENGINE = ReplacingMergeTree(`ts`)
+ORDER BY (`run_id`, `env`, `rollout_id`)
+SETTINGS non_replicated_deduplication_window = 10000;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS `latest_scores_feed` TO `latest_scores` AS
+SELECT `event_id`, `ts`, `run_id`, `rollout_id`, `group_id`, `task_id`, `env`, `sample_index`, `group_size`,
+    `reward`, `rewards`, `metrics`, `status`, `error`, `policy_version`, `completion_tokens`, `scorer_version`
+FROM `scored`;
+
+-- Scores stored before this migration (a second run of this statement only adds copies that
+-- FINAL collapses).
+INSERT INTO `latest_scores`
+SELECT `event_id`, `ts`, `run_id`, `rollout_id`, `group_id`, `task_id`, `env`, `sample_index`, `group_size`,
+    `reward`, `rewards`, `metrics`, `status`, `error`, `policy_version`, `completion_tokens`, `scorer_version`
+FROM `scored`;
+
+-- One score per rollout: `scores_at(version = '')` is each rollout's newest score, and
+-- `scores_at(version = 'V')` version V's scores alone. Each view over scores below is
+-- `NAME_at(version = ...)`, and `NAME` is `NAME_at(version = '')`.
 CREATE OR REPLACE VIEW `scores_at` AS
-SELECT * FROM `scored` FINAL
-WHERE (`run_id`, `env`, `scorer_version`) IN (
-    SELECT `run_id`, `env`, if({version:String} = '', argMax(`scorer_version`, `ts`), {version:String})
-    FROM `scored`
-    GROUP BY `run_id`, `env`
-);
+SELECT `event_id`, `ts`, `run_id`, `rollout_id`, `group_id`, `task_id`, `env`, `sample_index`, `group_size`,
+    `reward`, `rewards`, `metrics`, `status`, `error`, `policy_version`, `completion_tokens`, `scorer_version`
+FROM `latest_scores` FINAL
+WHERE {version:String} = ''
+UNION ALL
+SELECT `event_id`, `ts`, `run_id`, `rollout_id`, `group_id`, `task_id`, `env`, `sample_index`, `group_size`,
+    `reward`, `rewards`, `metrics`, `status`, `error`, `policy_version`, `completion_tokens`, `scorer_version`
+FROM `scored` FINAL
+WHERE {version:String} != '' AND `scorer_version` = {version:String};
 
 -- reward_by_step (0004) over one version.
 CREATE OR REPLACE VIEW `reward_by_step_at` AS
