@@ -6,14 +6,17 @@ one condition."""
 
 from __future__ import annotations
 
+import re
 import uuid
 
+import httpx
 import pytest
 import typer
 from test_eval import EXAMPLES, evaluate, rows, settings, upstream  # noqa: F401  (fixtures)
 from typer.testing import CliRunner
 
 from rlbus.bus import Bus
+from rlbus.bus.server_thread import ServerThread
 from rlbus.bus.store import open_store
 from rlbus.bus.waiting import wait_for
 from rlbus.commands import rescore as rescore_command
@@ -25,6 +28,8 @@ from rlbus.producers.environment.scoring import Scorer, rules_version
 from rlbus.producers.eval_report import eval_report, scored_tasks
 from rlbus.schemas import RolloutCompleted, RolloutScored, derived_id
 from rlbus.testing import ScriptedServer
+from rlbus.ui.app import create_app
+from rlbus.ui.charts import number
 
 REVERSE_TEXT = str(EXAMPLES / "reverse_text")
 
@@ -137,6 +142,28 @@ def test_rescore_adds_a_version_and_both_stay_queryable(
     assert (
         count(settings, "SELECT count() FROM scored FINAL WHERE run_id = {run:String}", run) == 12
     )
+
+
+def test_the_ui_shows_each_rollouts_newest_score_or_a_chosen_version(
+    settings: Settings,  # noqa: F811
+    evaluated: EvalResult,
+) -> None:
+    run = evaluated.run_id
+    first = rules_version(load_environment(REVERSE_TEXT))
+    second = rescore(load_environment(STRICTER), settings, run_id=run, show_progress=False).version
+    with ServerThread(create_app(settings.store.url), lifespan="on") as ui:
+        latest = httpx.get(f"{ui.url}/runs/{run}", timeout=60)
+        chosen = httpx.get(f"{ui.url}/runs/{run}", params={"version": first}, timeout=60)
+        runs = httpx.get(f"{ui.url}/", timeout=60)
+    assert latest.status_code == chosen.status_code == runs.status_code == 200
+    assert f"all · version 0: {number(1.0)}</title>" in latest.text
+    assert f"all · version 0: {number(1.75)}</title>" in chosen.text
+    assert f"all · version 0: {number(1.0)}</title>" not in chosen.text
+    for version in (first, second):
+        assert f'<option value="{version}"' in latest.text
+    assert f'<option value="{first}" selected>' in chosen.text
+    row = re.search(rf'<a href="/runs/{run}">.*?</tr>', runs.text, re.S)
+    assert row is not None and f">{number(1.0)} <small>@v0</small>" in row.group(0)
 
 
 def test_where_selects_rollouts_and_group_rewards_see_the_stored_group(
