@@ -318,3 +318,42 @@ async def test_a_judge_served_by_rlbus_inference_records_tokens_and_version(
     assert recorded["completion_tokens"] == len(tokens(answer.token_ids))
     assert recorded["prompt_tokens"] == len(tokens(user.token_ids))
     assert recorded["grade"] == scored.rewards["length"] and recorded["latency_s"] > 0
+
+
+async def test_the_orchestrator_leaves_judge_nodes_alone(settings: Settings) -> None:  # noqa: F811
+    """A scoring's trace nodes reach the orchestrator on trace-nodes: it neither holds them for
+    a rollout that will never come nor trains on them. Published through the real broker before
+    a node of the same key, so once that one is in, the judge's was handled."""
+    from rlbus.bus import Bus
+    from rlbus.bus.waiting import wait_until
+    from rlbus.config.orchestrator import OrchestratorConfig
+    from rlbus.consumers.orchestrator.join import Joiner
+    from rlbus.consumers.orchestrator.tasks import TaskSource
+    from rlbus.consumers.orchestrator.worker import Orchestrator, run_orchestrator
+
+    run = f"orch-{uuid.uuid4().hex[:8]}"
+    scoring = derived_id("r0", "scored", "v1")
+    judge_node, later = (
+        TraceNode(run_id=run, node_id=f"n{i}", rollout_id=scoring, branch_id=branch, index=i)
+        for i, branch in enumerate((JUDGE_BRANCH, "main"))
+    )
+    live = settings.model_copy(update={"run_id": run})
+    async with Bus.of(live) as bus:
+        o = Orchestrator(
+            bus,
+            OrchestratorConfig(),
+            run,
+            max_steps=1,
+            tasks=TaskSource([], run, 0.0, 0),
+            algorithms={},
+            joiner=Joiner(run, set(), lambda env: 1.0),
+        )
+        stop = asyncio.Event()
+        running = asyncio.create_task(run_orchestrator(bus, o, stop))
+        await bus.publish_many([judge_node])
+        await bus.publish_many([later])
+        await wait_until(lambda: scoring in o.joiner.parts, 60, "the later node handled")
+        stop.set()
+        await running
+    assert list(o.joiner.parts[scoring].nodes) == ["n1"]
+    assert [d.event.node_id for d in o.held[scoring]] == ["n1"]  # type: ignore[attr-defined]
