@@ -45,10 +45,10 @@ class EvalPipeline:
     async def _task(self, task: TaskPublished) -> None:
         outputs = await self.runner.run_group(task)
         rollouts = [o.rollout for o in outputs]
-        scored = await self.scorer.score(rollouts)
-        events: list[Event] = [task, *(e for o in outputs for e in o.events()), *scored]
+        scoring = await self.scorer.scoring(rollouts)
+        events: list[Event] = [task, *(e for o in outputs for e in o.events()), *scoring.events()]
         await self.bus.publish_many(events)
-        self.tally.add(scored)
+        self.tally.add(scoring.scored)
         if self.on_group is not None:
             self.on_group(self.tally)
 
@@ -75,6 +75,7 @@ class EvalPipeline:
             t.add_done_callback(finished)
         if running:
             await asyncio.wait(running)
+        await self.scorer.aclose()
         if failures:
             raise failures[0]
         return self.tally

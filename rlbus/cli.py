@@ -11,6 +11,7 @@ from rlbus.commands import (
     eval,
     model,
     quickstart,
+    rescore,
     run,
     store_cmds,
     tasks,
@@ -33,3 +34,4 @@ app.add_typer(worker_app, name="worker")
 
 for module in (quickstart, eval, run, tasks, store_cmds, model, broker, config_cmd, workers, ui):
     module.register(app, worker_app)
+rescore.register(app, worker_app)

@@ -152,6 +152,10 @@ class RolloutScored(RolloutEvent, kw_only=True):
     error: str = ""
     policy_version: Int64 = 0
     completion_tokens: Int64 = 0
+    scorer_version: str = ""
+    """Which scoring this is: the judge's rules digest (`rules-1a2b3c4d`), or the name given to
+    `rlbus rescore --as`; '' for scores from before versions. A rollout has one score per
+    version."""
 
 
 class TrainSample(msgspec.Struct, kw_only=True):

@@ -38,6 +38,9 @@ from rlbus.schemas import DeadLetter, RolloutCompleted, RolloutScored, derived_i
 from rlbus.ui.browser import Browser, BrowserMissing, executable
 from rlbus.ui.charts import number
 
+NEWEST_SCORES = "(SELECT * FROM scored FINAL ORDER BY rollout_id, ts DESC LIMIT 1 BY rollout_id)"
+"""Each rollout's newest score (a rescore replaces what the run's pages count), from the base
+table."""
 MARKER = "<script>alert('owned')</script> half an answer"
 """An errored rollout's completion: shown as text, never run."""
 
@@ -218,7 +221,7 @@ def test_runs_page_lists_both_runs_with_mode_steps_and_latest_reward(world: Worl
     (steps,) = sql(world, "SELECT max(step) FROM train_steps WHERE run_id = {run:String}")[0]
     version, reward = sql(
         world,
-        "SELECT policy_version, avgIf(reward, status = 'ok') FROM scored FINAL "
+        f"SELECT policy_version, avgIf(reward, status = 'ok') FROM {NEWEST_SCORES} "
         "WHERE run_id = {run:String} GROUP BY policy_version ORDER BY policy_version DESC LIMIT 1",
     )[0]
     row = re.search(rf'<tr>\s*<td><a href="/runs/{world.run}">.*?</tr>', page, re.S)
@@ -242,7 +245,7 @@ def test_run_page_shows_the_curves_and_the_views(world: World) -> None:
     # Reward by version, from the base table rather than the view the page reads.
     for version, rollouts, mean in sql(
         world,
-        "SELECT policy_version, count(), avgIf(reward, status = 'ok') FROM scored FINAL "
+        f"SELECT policy_version, count(), avgIf(reward, status = 'ok') FROM {NEWEST_SCORES} "
         "WHERE run_id = {run:String} GROUP BY policy_version ORDER BY policy_version",
     ):
         assert f"all · version {version}: {number(mean)}" in page

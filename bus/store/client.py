@@ -39,7 +39,7 @@ from rlbus.bus.store.sqltext import quote, read_only_problem, trailing_format
 from rlbus.config.secret import SecretUrl
 from rlbus.config.settings import DEFAULT_STORE_URL
 from rlbus.schemas import codec
-from rlbus.schemas.events import EVENT_TYPES, Event
+from rlbus.schemas.events import Event
 
 E = TypeVar("E", bound=Event)
 
@@ -180,18 +180,18 @@ class Store:
         return migrate(self._client())
 
     def set_dedup_window(self, blocks: int) -> None:
-        """Remember `blocks` inserted blocks per event table for insert_deduplication_token."""
+        """Remember `blocks` inserted blocks per table for insert_deduplication_token: every
+        event table, and the tables ClickHouse fills from them (latest_scores)."""
         self._check_write("change the dedup window")
-        current = dict(
-            self.query(
-                "SELECT name, extract(engine_full, 'deduplication_window = ([0-9]+)') "
-                "FROM system.tables WHERE database = currentDatabase()"
-            ).rows
-        )
-        for kind in EVENT_TYPES:
-            if current.get(kind.table) != str(blocks):
+        current = self.query(
+            "SELECT name, extract(engine_full, 'deduplication_window = ([0-9]+)') "
+            "FROM system.tables WHERE database = currentDatabase() AND engine LIKE '%MergeTree' "
+            "AND name != 'schema_migrations'"
+        ).rows
+        for table, window in current:
+            if window != str(blocks):
                 self.command(
-                    f"ALTER TABLE {quote(kind.table)} "
+                    f"ALTER TABLE {quote(table)} "
                     f"MODIFY SETTING non_replicated_deduplication_window = {blocks}"
                 )
 

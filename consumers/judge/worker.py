@@ -5,6 +5,9 @@ Task sets without group rewards are scored rollout by rollout; with group reward
 in memory until all `group_size` rollouts are in. Its messages are held uncommitted meanwhile
 (`Delivery.hold`), so a judge that restarts sees the whole group again; a group still incomplete
 after the environment's group_wait_s is scored as errors, so it never pins the commits.
+
+Scores carry the scorer version of the environment's rules as this judge loaded them
+(Scorer.version), and LLM judges' calls go out as trace nodes of the scoring.
 """
 
 from __future__ import annotations
@@ -69,12 +72,12 @@ class Judge:
         """Score the groups, publish the scores, then let their messages be committed."""
         rollouts = [[cast(RolloutCompleted, d.event) for d in group] for group in groups]
         results = await asyncio.gather(
-            *(self.scorers[group[0].env].score(group, failed) for group in rollouts)
+            *(self.scorers[group[0].env].scoring(group, failed) for group in rollouts)
         )
-        events = [e for scored in results for e in scored]
+        events = [e for scoring in results for e in scoring.events()]
         if events:
             await self.bus.publish_many(events)
-            self.scored += len(events)
+            self.scored += sum(len(scoring.scored) for scoring in results)
         for group in groups:
             for delivery in group:
                 delivery.release()
@@ -118,4 +121,6 @@ async def run_judge(settings: Settings, envs: list[Environment], stop: asyncio.E
             await consume(judge.handle).run(stop)
         finally:
             expiring.cancel()
+            for scorer in judge.scorers.values():
+                await scorer.aclose()
     return judge

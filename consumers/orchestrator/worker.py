@@ -22,8 +22,10 @@ from rlbus.consumers.orchestrator.algorithms import Algorithm
 from rlbus.consumers.orchestrator.join import Group, Joiner
 from rlbus.consumers.orchestrator.pacing import Pacer
 from rlbus.consumers.orchestrator.tasks import EVAL_VERSION, SPLIT, TaskSource
+from rlbus.producers.environment.judges import JUDGE_BRANCH
 from rlbus.schemas import (
     TaskPublished,
+    TraceNode,
     TrainBatch,
     TrainSample,
     WeightLoaded,
@@ -59,6 +61,8 @@ class ReadyGroup:
     samples: list[TrainSample]
     rewards: list[float]
     rollout_ids: list[str]
+    env: str = ""
+    """The environment the group came from: its algorithm names the batch."""
 
     @property
     def oldest_version(self) -> int:
@@ -157,6 +161,8 @@ class Orchestrator:
                 self._on_version(event.version)
             elif isinstance(event, WeightLoaded):
                 self.served = max(self.served, event.version)
+            elif isinstance(event, TraceNode) and event.branch_id == JUDGE_BRANCH:
+                continue  # an LLM judge's call behind a score: not the policy's to train on
             elif getattr(event, "rollout_id", "") not in self.batched:
                 d.hold()
                 self.held.setdefault(event.rollout_id, []).append(d)  # type: ignore[attr-defined]
@@ -201,7 +207,7 @@ class Orchestrator:
             raise
         if kept:
             rewards = [m.scored.reward for m in group.members]
-            self.ready.append(ReadyGroup(kept, rewards, rollout_ids))
+            self.ready.append(ReadyGroup(kept, rewards, rollout_ids, group.env))
         else:
             self._release(rollout_ids)
 
@@ -333,9 +339,8 @@ class Orchestrator:
                 batch_id=batch_id,
                 step=self.step,
                 samples=fresh.kept,
-                algorithm="+".join(
-                    sorted({type(a).__name__.lower() for a in self.algorithms.values()})
-                ),
+                # The registry's names (what run configs say), of the groups in this batch.
+                algorithm="+".join(sorted({self.algorithms[g.env].cfg.name for g in taken})),
                 num_tokens=sum(len(tokens(s.input_ids)) for s in fresh.kept),
                 min_policy_version=min(versions),
                 max_policy_version=max(versions),

@@ -61,7 +61,8 @@ class Rule:
         """Run the rule. A synchronous one runs on a thread of its own pool, so a slow one
         (a long diff, a parser) neither blocks the event loop nor the timeouts of the others."""
         kwargs = dict(available) if self.takes_all else {p: available[p] for p in self.injected}
-        if inspect.iscoroutinefunction(self.fn):
+        method = type(self.fn).__call__  # async on an object such as an LLM judge
+        if inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(method):
             return await self.fn(**kwargs, **own)
         loop = asyncio.get_running_loop()
         result = await loop.run_in_executor(_threads(), functools.partial(self.fn, **kwargs, **own))

@@ -1,18 +1,35 @@
 """Scoring rollouts with a task set's rules: rewards and metrics per rollout, group rewards over
 a complete group. A rule that raises or runs past its time limit marks the rollouts it was
-scoring errored, with the rule's name and the reason; the others are scored as usual."""
+scoring errored, with the rule's name and the reason; the others are scored as usual.
+
+Every score carries its scorer version, and its id comes from the rollout and that version: a
+rollout scored again by the same rules gets the same id (the store keeps one), by other rules
+(or under another name, `rlbus rescore --as`) a new one, and both stay queryable. The default
+version is a digest of the rules themselves, so it changes exactly when they do."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import inspect
+import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlbus.producers.environment.judges import RECORDING, JudgeCall, scoring_trace
 from rlbus.producers.environment.loader import Environment
 from rlbus.producers.environment.rules import Rule
-from rlbus.schemas import Event, RolloutCompleted, RolloutScored, TaskPublished, derived_id
+from rlbus.schemas import (
+    Event,
+    RolloutCompleted,
+    RolloutScored,
+    TaskPublished,
+    TraceNode,
+    derived_id,
+)
 from rlbus.schemas.events import RolloutEvent
 from rlbus.schemas.messages import text_of
 
@@ -20,8 +37,45 @@ IDENTITY = tuple(f for f in RolloutEvent.__struct_fields__ if f not in Event.__s
 """The fields placing an event in its rollout, group and task: a score carries its rollout's."""
 
 
+VERSION_FORMAT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]{0,63}")
+"""A scorer version a user names: a letter or digit, then up to 63 of these characters."""
+
+
 class RuleFailed(Exception):
     pass
+
+
+def _source(fn: Any) -> str:
+    """What decides a rule's values: an LLM judge's fingerprint, else the function's source."""
+    fingerprint = getattr(fn, "fingerprint", None)
+    if callable(fingerprint):
+        return str(fingerprint())
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):  # defined where no source is kept (a REPL)
+        return getattr(fn, "__qualname__", repr(fn))
+
+
+def rules_version(env: Environment) -> str:
+    """`rules-` and 8 hex digits: a digest of each reward's, metric's and group reward's kind,
+    name, weight and source (an LLM judge's model, prompt and parser), and the task set's args.
+    A change outside them (a helper a reward calls, a data file) needs a name: --as."""
+    rules = env.rules
+    h = hashlib.blake2b(digest_size=4)
+    h.update(json.dumps(env.config.args, sort_keys=True, default=repr).encode())
+    for rule in (*rules.rewards, *rules.metrics, *rules.group_rewards):
+        h.update(f"\x1e{rule.kind}\x1f{rule.name}\x1f{rule.weight!r}\x1f".encode())
+        h.update(_source(rule.fn).encode())
+    return f"rules-{h.hexdigest()}"
+
+
+def checked_version(version: str) -> str:
+    if not VERSION_FORMAT.fullmatch(version):
+        raise ValueError(
+            f"scorer version {version!r}: use up to 64 letters, digits and . _ : + - "
+            "(starting with a letter or digit)"
+        )
+    return version
 
 
 def _final_text(completion: list[dict[str, Any]]) -> str:
@@ -74,14 +128,29 @@ class _Card:
     rewards: dict[str, float] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     error: str = ""
+    calls: list[JudgeCall] = field(default_factory=list)
+    """LLM judge calls its rules made."""
+
+
+@dataclass
+class Scoring:
+    """A group's scores and the trace nodes of the judge calls behind them."""
+
+    scored: list[RolloutScored]
+    trace: list[TraceNode]
+
+    def events(self) -> list[Event]:
+        return [*self.trace, *self.scored]
 
 
 class Scorer:
-    def __init__(self, env: Environment):
+    def __init__(self, env: Environment, version: str | None = None):
+        """`version`: the scorer version stamped on every score (default: rules_version)."""
         self.env = env
         self.rules = env.rules
         self.weights = env.rules.weights
         self.timeout_s = env.config.reward_timeout_s
+        self.version = rules_version(env) if version is None else checked_version(version)
 
     @property
     def needs_group(self) -> bool:
@@ -101,6 +170,7 @@ class Scorer:
             ) from exc
 
     async def _score_one(self, card: _Card) -> None:
+        RECORDING.set(card.calls)  # this task's own context: its rules' judge calls
         for rule in (*self.rules.rewards, *self.rules.metrics):
             try:
                 value = finite(rule, await self._apply(rule, card.args))
@@ -126,6 +196,8 @@ class Scorer:
             "rewards": [dict(c.rewards) for c in ok],
         }
         for rule in self.rules.group_rewards:
+            calls: list[JudgeCall] = []
+            recording = RECORDING.set(calls)
             try:
                 values = [finite(rule, v) for v in await self._apply(rule, group_args)]
                 if len(values) != len(ok):
@@ -137,6 +209,10 @@ class Scorer:
                 for card in ok:
                     card.error = card.error or str(exc)
                 continue
+            finally:
+                RECORDING.reset(recording)
+                for card in ok:  # a group's judge calls stand behind each of its scores
+                    card.calls += calls
             for card, value in zip(ok, values, strict=True):
                 card.rewards[rule.name] = value
 
@@ -145,6 +221,16 @@ class Scorer:
     ) -> list[RolloutScored]:
         """Score rollouts of one group (all of it when the task set has group rewards).
         `failed`: score them as errors with this reason instead (a group that never completed)."""
+        return (await self.scoring(rollouts, failed)).scored
+
+    async def scoring(
+        self,
+        rollouts: Sequence[RolloutCompleted],
+        failed: str = "",
+        only: set[str] | None = None,
+    ) -> Scoring:
+        """`score`, with the trace of the judge calls behind the scores. `only`: the rollout
+        ids to publish scores of (group rewards still see every rollout given)."""
         ordered = sorted(rollouts, key=lambda r: r.sample_index)
         cards = [
             _Card(r, rollout_arguments(r), error=failed or r.error or f"rollout {r.status}")
@@ -155,12 +241,21 @@ class Scorer:
         await asyncio.gather(*(self._score_one(c) for c in cards if not c.error))
         if self.needs_group:
             await self._score_group(cards)
-        return [self._event(c) for c in cards]
+        kept = [c for c in cards if only is None or c.rollout.rollout_id in only]
+        scored = [self._event(c) for c in kept]
+        trace = [n for c, s in zip(kept, scored, strict=True) for n in scoring_trace(s, c.calls)]
+        return Scoring(scored, trace)
+
+    async def aclose(self) -> None:
+        """Close what its rules hold open (an LLM judge's HTTP sessions)."""
+        for rule in (*self.rules.rewards, *self.rules.metrics, *self.rules.group_rewards):
+            if callable(close := getattr(rule.fn, "aclose", None)):
+                await close()
 
     def _event(self, card: _Card) -> RolloutScored:
         r = card.rollout
         return RolloutScored(
-            event_id=derived_id(r.rollout_id, "scored"),
+            event_id=derived_id(r.rollout_id, "scored", self.version),
             run_id=r.run_id,
             **{f: getattr(r, f) for f in IDENTITY},
             reward=0.0
@@ -172,4 +267,5 @@ class Scorer:
             error=card.error,
             policy_version=r.max_policy_version,
             completion_tokens=r.completion_tokens,
+            scorer_version=self.version,
         )

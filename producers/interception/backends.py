@@ -1,7 +1,8 @@
 """The two backends behind the interception server.
 
-- EvalBackend: any OpenAI-compatible upstream through the official `openai` client; token ids
-  are unknown, log-probs only when asked for and offered.
+- EvalBackend: any OpenAI-compatible upstream (rlbus.clients.chat): from rlbus's own inference
+  server, exact token ids, log-probs and the policy version (the server renders each prompt
+  itself); from any other, the messages and usage, log-probs only when asked for and offered.
 - TokenBackend: the inference server's token-in/token-out `/v1/generate`. Prompts are rendered
   once, then each turn extends the branch's recorded prompt + completion ids with the new
   messages (renderer.extend): sampled tokens are never decoded and re-tokenized.
@@ -9,12 +10,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import msgspec
-import openai
 
+from rlbus.clients.chat import ChatClient, ChatError
 from rlbus.clients.inference import InferenceClient, InferenceError
 from rlbus.clients.token_api import SamplingParams
 from rlbus.config.env import ModelConfig
@@ -35,58 +35,43 @@ class EvalBackend:
         if not config.base_url:
             raise ValueError("eval mode needs model.base_url (an OpenAI-compatible /v1 URL)")
         self.model = config.name
-        # The client's own HTTP stack over aiohttp: its default httpx transport cost `rlbus
-        # eval` a third of its rate (bench/eval.py), and one client is enough (httpx needed
-        # four, its pool checking every connection on each request).
-        self.client = openai.AsyncOpenAI(
-            base_url=config.base_url,
-            timeout=config.timeout_s,
-            api_key=os.environ.get(config.api_key_env) or "rlbus-local",
-            http_client=openai.DefaultAioHttpClient(timeout=config.timeout_s),
+        self.chat = ChatClient(
+            config.base_url,
+            config.name,
+            timeout_s=config.timeout_s,
+            api_key_env=config.api_key_env,
         )
 
     async def complete(self, call: ModelCall, prior: Prior | None) -> CallResult:
-        optional = {
-            "tools": call.tools,
-            "temperature": call.temperature,
-            "top_p": call.top_p,
-            "max_tokens": call.max_tokens,
-            "stop": call.stop,
-            "seed": call.seed,
-            "logprobs": call.logprobs or None,
-        }
         try:
-            # The raw response skips building the client's pydantic models: the interception
-            # server only needs a few fields, and parsing is most of the client's cost per call.
-            raw = await self.client.chat.completions.with_raw_response.create(
-                model=self.model,
-                messages=call.messages,  # type: ignore[arg-type]
-                **{k: v for k, v in optional.items() if v is not None},
+            answer = await self.chat.complete(
+                call.messages,
+                tools=call.tools,
+                logprobs=call.logprobs,
+                temperature=call.temperature,
+                top_p=call.top_p,
+                max_tokens=call.max_tokens,
+                stop=call.stop,
+                seed=call.seed,
             )
-        except openai.APIStatusError as exc:
-            raise UpstreamError(
-                f"upstream {self.client.base_url} answered {exc.status_code}: {exc.message}",
-                exc.status_code,
-            ) from exc
-        except openai.APIError as exc:
-            raise UpstreamError(f"upstream {self.client.base_url} failed: {exc}") from exc
-        body = msgspec.json.decode(raw.http_response.content)
-        choice = body["choices"][0]
-        raw_message = choice.get("message") or {}
-        message = assistant_message(raw_message.get("content"), raw_message.get("tool_calls"))
-        usage = body.get("usage") or {}
-        logprobs = [t["logprob"] for t in ((choice.get("logprobs") or {}).get("content") or [])]
+        except ChatError as exc:
+            raise UpstreamError(f"upstream {exc}", exc.status) from exc
+        raw = answer.message
+        message = assistant_message(raw.get("content"), raw.get("tool_calls"))
         return CallResult(
             message,
-            _finish(choice.get("finish_reason"), message),
-            body.get("model") or self.model,
-            prompt_tokens=usage.get("prompt_tokens", 0),
-            completion_tokens=usage.get("completion_tokens", 0),
-            logprobs=logprobs,
+            _finish(answer.finish_reason, message),
+            answer.model,
+            prompt_tokens=answer.prompt_tokens,
+            completion_tokens=answer.completion_tokens,
+            prompt_ids=answer.prompt_ids,
+            completion_ids=answer.completion_ids,
+            logprobs=answer.logprobs,
+            policy_version=answer.policy_version,
         )
 
     async def close(self) -> None:
-        await self.client.close()
+        await self.chat.close()
 
 
 class TokenBackend:

@@ -23,6 +23,9 @@ class ModelCall:
     stop: list[str] | None = None
     seed: int | None = None
     logprobs: bool = False
+    continues: str | None = None
+    """The id of an earlier response whose conversation this call continues (the Responses API's
+    previous_response_id); `messages` then hold only what is new (Trace.continued)."""
 
     def with_sampling(self, sampling: SamplingConfig) -> ModelCall:
         """The run's sampling settings win over the harness's wherever they are set."""

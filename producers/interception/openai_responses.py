@@ -34,12 +34,8 @@ def _messages(body: dict[str, Any]) -> list[Message]:
         elif kind == "function_call":
             call = tool_call(item["call_id"], item["name"], item.get("arguments", "{}"))
             last = messages[-1] if messages else None
-            # Calls emitted in one response come back as separate items: one assistant turn.
-            if (
-                last is not None
-                and last["role"] == "assistant"
-                and (last.get("tool_calls") or not last.get("content"))
-            ):
+            # A response's text and calls come back as separate items: one assistant turn.
+            if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
@@ -83,6 +79,7 @@ class OpenAIResponses:
             temperature=body.get("temperature"),
             top_p=body.get("top_p"),
             max_tokens=body.get("max_output_tokens"),
+            continues=body.get("previous_response_id"),
         )
         return Request(call, bool(body.get("stream")))
 

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import secrets
 import socket
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -294,15 +293,16 @@ class InterceptionServer:
             return _json(wire.error(413, message), 413)
         try:
             parsed = wire.parse(msgspec.json.decode(body))
+            call = session.trace.continued(parsed.call)
         except (BadRequest, msgspec.DecodeError, KeyError, TypeError, AttributeError) as exc:
             return _json(wire.error(400, f"bad request: {exc}"), 400)
         try:
-            result = await session.complete(parsed.call, wire.name)
+            result = await session.complete(call, wire.name)
         except UpstreamError as exc:
             return _json(wire.error(exc.status, str(exc)), exc.status)
         except Exception as exc:
             return _json(wire.error(500, f"{type(exc).__name__}: {exc}"), 500)
-        response_id = uuid.uuid4().hex
+        response_id = session.trace.response_id(result)
         if parsed.stream:
             return StreamingResponse(
                 wire.events(parsed, result, response_id), media_type="text/event-stream"

@@ -9,16 +9,22 @@ ids for a model message, the rendered delta for context (messages added by one c
 delta, carried by the last of them). Nodes are shared between branches only where their ids
 agree, so concatenating `token_ids` from a root to any node gives exactly the ids the backend
 saw.
+
+A response's id is its sampled node's id, so a client that continues a conversation by reference
+(the Responses API's previous_response_id) continues that node's branch, and any response can be
+found in the stored trace.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rlbus.producers.interception.calls import CallResult, Prior
+from rlbus.producers.interception.calls import CallResult, ModelCall, Prior
 from rlbus.producers.interception.messages import Message, canonical
+from rlbus.producers.interception.wire import BadRequest
 from rlbus.schemas import TokenRecord, TraceNode, derived_id
 from rlbus.schemas.packed import pack_logprobs, pack_tokens
 
@@ -68,6 +74,45 @@ class Trace:
         self.calls: list[Call] = []
         self.tips: dict[str, Node | None] = {}
         """Each branch's last sampled node; None while a call extending it is in flight."""
+        self.responses: dict[str, Node] = {}
+        """Sampled nodes by their response id (Trace.response_id)."""
+
+    def node_id(self, node: Node) -> str:
+        """Derived from the rollout, so a re-run republishes the same ids."""
+        return derived_id(self.rollout_id, "node", node.index)
+
+    def response_id(self, result: CallResult) -> str:
+        """What a protocol names the response that returned `result`: its node's id as 32 hex
+        digits (each protocol adds its own prefix: resp_, msg_, chatcmpl-)."""
+        call = next(c for c in reversed(self.calls) if c.result is result)
+        assert call.node is not None
+        return self._response_key(call.node)
+
+    def _response_key(self, node: Node) -> str:
+        return uuid.UUID(self.node_id(node)).hex
+
+    def continued(self, call: ModelCall) -> ModelCall:
+        """`call` with the conversation of the response it continues in front of its messages.
+        As with OpenAI's previous_response_id, instructions are not carried over: a leading
+        system message of that conversation gives way to this call's own, if it has one."""
+        if call.continues is None:
+            return call
+        node = self.responses.get(call.continues[-32:])  # any protocol's prefix, then the id
+        if node is None:
+            raise BadRequest(
+                f"previous_response_id {call.continues!r} names no earlier response of this rollout"
+            )
+        history: list[Message] = []
+        at: Node | None = node
+        while at is not None:
+            history.append(at.message)
+            at = at.parent
+        history.reverse()
+        if history[0].get("role") == "system":
+            history = history[1:]
+        own = call.messages
+        lead = own[:1] if own and own[0].get("role") == "system" else []
+        return replace(call, messages=[*lead, *history, *own[len(lead) :]], continues=None)
 
     def _claimable_tip(self, messages: list[Message]) -> tuple[Node, int] | None:
         """A branch tip the messages run through (followed by at least one new message)."""
@@ -149,6 +194,7 @@ class Trace:
         call = Call(len(self.calls), plan.branch, result, seconds, time.time())
         call.node = self._add(parent, result.message, plan.branch, list(result.completion_ids))
         call.node.call = call
+        self.responses[self._response_key(call.node)] = call.node
         self.calls.append(call)
         self.tips[plan.branch] = call.node
         return call
@@ -171,7 +217,7 @@ class Trace:
     def events(self, group_id: str) -> tuple[list[TraceNode], list[TokenRecord]]:
         """The trace as events, with ids derived from the rollout (a re-run republishes the same
         ids)."""
-        node_ids = {n.index: derived_id(self.rollout_id, "node", n.index) for n in self.nodes}
+        node_ids = {n.index: self.node_id(n) for n in self.nodes}
         nodes = [
             TraceNode(
                 event_id=derived_id(node_ids[n.index], "event"),

@@ -3,6 +3,7 @@ on the bus and in ClickHouse (rlbus.launch.evaluation does the work); a summary 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import typer
@@ -14,6 +15,7 @@ from rlbus.config.env import cli_overrides
 from rlbus.console import console
 from rlbus.launch.evaluation import EvalError, EvalResult, run_eval
 from rlbus.producers.environment import Environment, load_environment
+from rlbus.producers.eval_report import Report
 
 EnvArgument = Annotated[
     str,
@@ -25,24 +27,29 @@ EnvArgument = Annotated[
 ]
 
 
-def render(result: EvalResult, env: Environment) -> None:
-    report = result.report
-    summary = Table(
-        title=f"{env.id} · {env.config.model.name} · run {result.run_id}", show_header=False
-    )
-    rate = result.tally.rollouts / result.seconds if result.seconds else 0.0
+def _versions(counts: dict[str, int]) -> str:
+    return ", ".join(f"{v or '(unversioned)'} ({n:,})" for v, n in counts.items())
+
+
+def version_line(report: Report) -> str:
+    """Which scores the summary counts, and the run's scorer versions when it has several."""
+    counted = report.scorer_version or f"each rollout's newest: {_versions(report.counted)}"
+    if len(report.versions) < 2:
+        return counted
+    return f"{counted}; versions: {_versions(report.versions)}"
+
+
+def render_report(
+    report: Report, env: Environment, title: str, extra: Sequence[tuple[str, str]] = ()
+) -> None:
+    """The summary every scoring command prints: one scorer version's rewards, pass@k, tokens
+    and errors, as the store holds them."""
+    summary = Table(title=title, show_header=False)
     for name, value in (
-        (
-            "tasks",
-            f"{report.tasks:,}"
-            + (f" ({result.skipped_tasks:,} resumed)" if result.skipped_tasks else ""),
-        ),
+        *extra,
         ("rollouts", f"{report.rollouts:,}"),
+        ("scorer version", version_line(report)),
         ("mean reward", f"{report.mean_reward:.4f}"),
-        (
-            "this invocation",
-            f"{result.tally.rollouts:,} rollouts in {result.seconds:.1f}s ({rate:.1f}/s)",
-        ),
         ("prompt tokens", f"{report.prompt_tokens:,}"),
         ("completion tokens", f"{report.completion_tokens:,}"),
         *((f"pass@{k}", f"{v:.4f}") for k, v in report.pass_at.items()),
@@ -67,6 +74,21 @@ def render(result: EvalResult, env: Environment) -> None:
         for kind, count in report.errors.items():
             errors.add_row(kind, f"{count:,}")
         console.print(errors)
+
+
+def render(result: EvalResult, env: Environment) -> None:
+    report = result.report
+    rate = result.tally.rollouts / result.seconds if result.seconds else 0.0
+    tasks = f"{report.tasks:,}" + (
+        f" ({result.skipped_tasks:,} resumed)" if result.skipped_tasks else ""
+    )
+    invocation = f"{result.tally.rollouts:,} rollouts in {result.seconds:.1f}s ({rate:.1f}/s)"
+    render_report(
+        report,
+        env,
+        f"{env.id} · {env.config.model.name} · run {result.run_id}",
+        [("tasks", tasks), ("this invocation", invocation)],
+    )
     console.print(
         f"query it: rlbus sql \"SELECT * FROM scored FINAL WHERE run_id = '{result.run_id}'\""
     )
@@ -117,6 +139,13 @@ def eval_command(
     pass_threshold: Annotated[
         float, typer.Option(help="A rollout passes (for pass@k) when its reward is at least this.")
     ] = 1.0,
+    scorer_version: Annotated[
+        str | None,
+        typer.Option(
+            help="The scorer version the summary reads (default: each rollout's newest "
+            "score; `rlbus rescore` adds versions)."
+        ),
+    ] = None,
     config: ConfigOption = None,
 ) -> None:
     """Evaluate a model on an environment: live progress, a summary table, every event stored."""
@@ -129,7 +158,13 @@ def eval_command(
                 "no endpoint: pass --base-url or set [env.model] base_url in the environment's TOML"
             )
         result = run_eval(
-            env, settings, n=n, run_id=run_id, resume=resume, pass_threshold=pass_threshold
+            env,
+            settings,
+            n=n,
+            run_id=run_id,
+            resume=resume,
+            pass_threshold=pass_threshold,
+            scorer_version=scorer_version,
         )
     render(result, env)
 

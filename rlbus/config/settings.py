@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
-
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import Field, model_validator

@@ -85,10 +85,12 @@ def run_eval(
     run_id: str | None = None,
     resume: bool = False,
     pass_threshold: float = 1.0,
+    scorer_version: str | None = None,
     store_timeout_s: float = 300,
     show_progress: bool = True,
 ) -> EvalResult:
-    """Evaluate the first `n` tasks of `env`; returns once every score is in the store."""
+    """Evaluate the first `n` tasks of `env`; returns once every score is in the store.
+    `scorer_version`: the one the report reads (default: each rollout's newest score)."""
     with local_broker(settings) as (live, _), local_sink(live) as sink:
         run_id = _run_id(sink, env, run_id, resume)
         done: set[str] = set()
@@ -130,5 +132,8 @@ def run_eval(
             )
         seconds = time.monotonic() - started
         with open_store(live.store.url, read_only=True) as store:
-            report = eval_report(store, run_id, env.id, pass_threshold)
+            try:
+                report = eval_report(store, run_id, env.id, pass_threshold, scorer_version)
+            except KeyError as exc:
+                raise EvalError(exc.args[0]) from None
     return EvalResult(run_id, tally, report, len(done), seconds)

@@ -118,7 +118,8 @@ class Pages:
     def run(self, request: Request) -> Response:
         started = time.perf_counter()
         run_id = request.path_params["run_id"]
-        summary, data = self.q.run_page(run_id)
+        version = request.query_params.get("version", "")
+        summary, data = self.q.run_page(run_id, version)
         if summary is None:
             raise NotFound(f"no run {run_id!r} in the store")
         reward, steps, stale = data["reward"], data["steps"], data["staleness"]
@@ -197,6 +198,8 @@ class Pages:
             },
             headings=TABLE_HEADINGS,
             others=[r for r in self.q.run_ids() if r != run_id][:50],
+            version=version,
+            versions=data["versions"],
         )
 
     def rollouts(self, request: Request) -> Response:

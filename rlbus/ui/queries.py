@@ -54,12 +54,12 @@ RUNS_REWARD = """
 SELECT run_id, argMax(mean_reward, step) AS latest_reward, max(step) AS latest_version
 FROM (
     SELECT run_id, policy_version AS step, avgIf(reward, status = 'ok') AS mean_reward
-    FROM scored FINAL GROUP BY run_id, step
+    FROM latest_scores FINAL GROUP BY run_id, step
 )
 GROUP BY run_id
 """
-"""reward_by_step's mean_reward at each run's newest version, without the view's join (the
-runs page reads every run)."""
+"""reward_by_step's mean_reward at each run's newest version (each rollout's newest score),
+without the view's join (the runs page reads every run)."""
 
 RUN_DEFAULTS: dict[str, Any] = {
     "envs": [],
@@ -93,8 +93,15 @@ SELECT
      WHERE status != 'ok' {scope}) AS kinds
 """
 """The filters' choices in one round trip (`scope` is empty or a fixed run condition)."""
+SCORER_VERSIONS = """
+SELECT scorer_version, uniqExact(rollout_id) AS rollouts, max(ts) AS last_ts FROM scored
+WHERE run_id = {run:String} GROUP BY scorer_version ORDER BY last_ts DESC, scorer_version
+"""
+"""A run's scorer versions, the one that scored last first."""
+AT_VERSION = "version = {version:String}"
+"""The score views' choice ('' = each rollout's newest score): `NAME_at(version = ...)`."""
 RUN_CURVES = {
-    "reward": REWARD_CURVE,
+    "reward": f"SELECT * FROM reward_by_step_at({AT_VERSION}) {RUN_WHERE} ORDER BY step",
     "steps": (
         "SELECT step, loss, grad_norm, entropy, mismatch_kl, lr, num_samples, num_tokens "
         f"FROM train_steps FINAL {RUN_WHERE} ORDER BY step, ts DESC LIMIT 1 BY step"
@@ -108,16 +115,18 @@ RUN_CURVES = {
         f"FROM batches FINAL {RUN_WHERE} ORDER BY step, ts DESC LIMIT 1 BY step"
     ),
     "pass_at_k": (
-        f"SELECT env, k, pass_at_k, tasks, rollouts FROM pass_at_k {RUN_WHERE} ORDER BY env, k"
+        f"SELECT env, k, pass_at_k, tasks, rollouts FROM pass_at_k_at({AT_VERSION}) {RUN_WHERE} "
+        "ORDER BY env, k"
     ),
     "errors": (
-        "SELECT env, stage, kind, errors, last_ts, last_error FROM errors_by_kind "
-        f"{RUN_WHERE} ORDER BY errors DESC"
+        "SELECT env, stage, kind, errors, last_ts, last_error "
+        f"FROM errors_by_kind_at({AT_VERSION}) {RUN_WHERE} ORDER BY errors DESC"
     ),
     "latency": f"SELECT * EXCEPT run_id FROM latency {RUN_WHERE} ORDER BY env",
-    "envs": f"SELECT * EXCEPT run_id FROM env_pass_rate {RUN_WHERE} ORDER BY env",
+    "envs": f"SELECT * EXCEPT run_id FROM env_pass_rate_at({AT_VERSION}) {RUN_WHERE} ORDER BY env",
+    "versions": SCORER_VERSIONS,
 }
-"""What a run's page shows, each keyed by run."""
+"""What a run's page shows, each keyed by run; the scores as of the chosen scorer version."""
 
 
 @dataclass(frozen=True)
@@ -310,10 +319,14 @@ class Queries:
         summary["mode"] = "train" if summary["steps"] is not None else "eval"
         return summary
 
-    def run_page(self, run_id: str) -> tuple[dict[str, Any] | None, dict[str, list[dict]]]:
-        """A run's summary and every curve and table of its page, queried at once."""
+    def run_page(
+        self, run_id: str, version: str = ""
+    ) -> tuple[dict[str, Any] | None, dict[str, list[dict]]]:
+        """A run's summary and every curve and table of its page, queried at once; scores of
+        scorer `version` ('': each rollout's newest)."""
         calls: dict[str, Callable[[], Any]] = {
-            name: (lambda q=sql: self.rows(q, run=run_id)) for name, sql in RUN_CURVES.items()
+            name: (lambda q=sql: self.rows(q, run=run_id, version=version))
+            for name, sql in RUN_CURVES.items()
         }
         calls["summary"] = lambda: self.run(run_id)
         data = self.parallel(calls)

@@ -1,0 +1,144 @@
+"""One chat completion from any OpenAI-compatible endpoint, keeping everything the endpoint tells:
+the message, usage and, from rlbus's own inference server, the exact prompt and completion token
+ids, their log-probs and the policy version that sampled them.
+
+rlbus's server is recognised by the policy-version header it puts on every response (asked once,
+on its model list); only then are its extensions requested (`return_token_ids`), since other
+endpoints may refuse unknown fields. The interception server's eval backend and LLM judges both
+call models through here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import openai
+
+POLICY_VERSION_HEADER = "x-rlbus-policy-version"
+"""On every response of rlbus's inference server (rlbus.consumers.inference.server)."""
+
+
+class ChatError(RuntimeError):
+    """The endpoint could not be reached or answered an error; `status` 502 when unreachable."""
+
+    def __init__(self, message: str, status: int = 502):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class ChatAnswer:
+    message: dict[str, Any]
+    """The assistant message as the endpoint sent it (content, tool_calls)."""
+    finish_reason: str
+    model: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_ids: list[int] = field(default_factory=list)
+    """rlbus's server only: the ids its chat template rendered."""
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    """One per completion token: from rlbus's server always, from others when asked for."""
+    policy_version: int = 0
+    seconds: float = 0.0
+    """The request's wall time."""
+
+
+class ChatClient:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        timeout_s: float = 600,
+        api_key_env: str = "OPENAI_API_KEY",
+        max_retries: int = 2,
+    ):
+        """`base_url`: the endpoint's /v1 URL. The key is read from `api_key_env` (local servers
+        need none)."""
+        self.base_url = base_url
+        self.model = model
+        # The client's own HTTP stack over aiohttp: its default httpx transport cost `rlbus
+        # eval` a third of its rate (bench/eval.py), and one client is enough (httpx needed
+        # four, its pool checking every connection on each request).
+        self.client = openai.AsyncOpenAI(
+            base_url=base_url,
+            timeout=timeout_s,
+            max_retries=max_retries,
+            api_key=os.environ.get(api_key_env) or "rlbus-local",
+            http_client=openai.DefaultAioHttpClient(timeout=timeout_s),
+        )
+        self._rlbus: bool | None = None
+        self._probing = asyncio.Lock()
+
+    async def rlbus_served(self) -> bool:
+        """Whether the endpoint is rlbus's inference server. Decided by the first answer to
+        GET /models; an endpoint that cannot be reached is asked again next time."""
+        async with self._probing:
+            if self._rlbus is None:
+                try:
+                    raw = await self.client.models.with_raw_response.list()
+                    self._rlbus = POLICY_VERSION_HEADER in raw.headers
+                except openai.APIStatusError:  # it answers, but has no model list: not rlbus
+                    self._rlbus = False
+                except openai.APIError:
+                    return False
+            return self._rlbus
+
+    async def complete(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        logprobs: bool = False,
+        **sampling: Any,
+    ) -> ChatAnswer:
+        """`sampling`: temperature, top_p, max_tokens, stop, seed (None values are left out)."""
+        rlbus = await self.rlbus_served()
+        options = {k: v for k, v in sampling.items() if v is not None}
+        if tools:
+            options["tools"] = tools
+        if logprobs or rlbus:
+            options["logprobs"] = True
+        if rlbus:
+            options["extra_body"] = {"return_token_ids": True}
+        started = time.monotonic()
+        try:
+            # The raw response skips building the client's pydantic models: callers need a few
+            # fields, and parsing is most of the client's cost per call.
+            raw = await self.client.chat.completions.with_raw_response.create(
+                model=self.model,
+                messages=messages,  # type: ignore[arg-type]
+                **options,
+            )
+        except openai.APIStatusError as exc:
+            raise ChatError(
+                f"{self.base_url} answered {exc.status_code}: {exc.message}", exc.status_code
+            ) from exc
+        except openai.APIError as exc:
+            raise ChatError(f"{self.base_url} failed: {exc}") from exc
+        seconds = time.monotonic() - started
+        body = msgspec.json.decode(raw.http_response.content)
+        choice = body["choices"][0]
+        usage = body.get("usage") or {}
+        entries = (choice.get("logprobs") or {}).get("content") or []
+        return ChatAnswer(
+            message=choice.get("message") or {},
+            finish_reason=choice.get("finish_reason") or "stop",
+            model=body.get("model") or self.model,
+            prompt_tokens=usage.get("prompt_tokens", 0),
+            completion_tokens=usage.get("completion_tokens", 0),
+            prompt_ids=body.get("prompt_token_ids") or [],
+            completion_ids=choice.get("token_ids") or [],
+            logprobs=[entry["logprob"] for entry in entries],
+            policy_version=body.get("policy_version", 0),
+            seconds=seconds,
+        )
+
+    async def close(self) -> None:
+        await self.client.close()
