@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from rlbus.commands import (
+    asyncapi,
     broker,
     config_cmd,
     eval,
@@ -33,3 +34,4 @@ app.add_typer(worker_app, name="worker")
 
 for module in (quickstart, eval, run, tasks, store_cmds, model, broker, config_cmd, workers, ui):
     module.register(app, worker_app)
+asyncapi.register(app, worker_app)
