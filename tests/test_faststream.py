@@ -6,21 +6,38 @@ letters, and a message is committed only after its handler finished."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from faststream.kafka import KafkaBroker
 
-from rlbus.bus import Bus
+from rlbus.bus import Bus, EmbeddedBroker
 from rlbus.bus.claim_check import HEADER as CLAIM_HEADER
 from rlbus.bus.faststream import FastStreamBus
 from rlbus.bus.messages import CONTENT_TYPE, KIND, to_message
 from rlbus.bus.replay import read_back, read_records
-from rlbus.config import Settings
+from rlbus.bus.store import open_store
+from rlbus.bus.waiting import wait_for
+from rlbus.config import Settings, load_settings, settings_env
+from rlbus.config.env import cli_overrides
+from rlbus.discovery import store_served_elsewhere
+from rlbus.launch.evaluation import run_eval
+from rlbus.launch.processes import RoleProcess, alive
+from rlbus.producers.environment import load_environment
 from rlbus.schemas import DeadLetter, RolloutScored, TaskPublished, TokenRecord
 from rlbus.schemas.packed import pack_logprobs, pack_tokens
+from rlbus.testing import ScriptedServer
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def scored(rollout: str, reward: float = 1.0, run_id: str = "") -> RolloutScored:
@@ -172,3 +189,72 @@ async def test_a_message_is_committed_only_after_its_handler_finished(
 
     await serving(again.broker, body)
     assert redelivered == ["slow"]
+
+
+def test_example_app_scores_a_live_eval_and_rlbus_stores_its_scores(
+    broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """examples/faststream_app run with `faststream run` beside `rlbus eval`: it consumes the
+    rollouts the eval publishes, and the sink (an rlbus role) stores the scores it publishes."""
+    settings = load_settings(
+        overrides={
+            "kafka": {
+                "bootstrap_servers": broker.bootstrap_servers,
+                "topic_prefix": f"t{uuid.uuid4().hex[:8]}.",
+                "partitions": 2,
+            },
+            "store": {"url": f"chdb://{tmp_path / 'store'}", "flush_interval_s": 0.1},
+            "claim_check": {"url": str(tmp_path / "claims")},
+        }
+    )
+    sink = RoleProcess("sink", settings, tmp_path / "logs")
+    log = tmp_path / "logs" / "app.log"
+    env = {**os.environ, **settings_env(settings), "ALERT_BELOW": "2", "PYTHONUNBUFFERED": "1"}
+    with log.open("wb") as out:
+        app = subprocess.Popen(
+            [sys.executable, "-m", "faststream", "run", "app:app"],
+            cwd=EXAMPLES / "faststream_app",
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: store_served_elsewhere(settings), 60, "the sink", check=alive(sink))
+        with ScriptedServer() as upstream:
+            overrides = cli_overrides("scripted", f"{upstream.url}/v1", group_size=2)
+            reverse_text = load_environment(str(EXAMPLES / "reverse_text"), overrides)
+            result = run_eval(reverse_text, settings, n=4, show_progress=False)
+        assert (result.tally.rollouts, result.tally.errors) == (8, 0)
+        ours = "SELECT count() FROM scored FINAL WHERE run_id = {run:String}"
+        scope = {"run": f"{result.run_id}+brevity"}
+
+        def landed() -> bool:
+            assert app.poll() is None, log.read_text()
+            with open_store(settings.store.url, read_only=True) as store:
+                return store.query(ours, scope).rows[0][0] == 8
+
+        wait_for(landed, 60, "the app's 8 scores in the store", check=alive(sink))
+        with open_store(settings.store.url, read_only=True) as store:
+            rows = store.query(
+                "SELECT r.completion, s.rewards['brevity'], s.metrics['completion_chars'] "
+                "FROM (SELECT * FROM scored FINAL WHERE run_id = {run:String}) AS s "
+                "INNER JOIN (SELECT * FROM rollouts FINAL) AS r USING rollout_id",
+                scope,
+            ).rows
+        for completion, reward, chars in rows:
+            said = "".join(m["content"] for m in json.loads(completion))
+            assert chars == len(said) and reward == pytest.approx(1 / (1 + len(said) / 200))
+        # The judge's rewards (at most 1.75 here) are all under the alert's threshold of 2.
+        wait_for(
+            lambda: log.read_text().count(f"(run {result.run_id}, task") == 8,
+            30,
+            "the app's alerts",
+        )
+    finally:
+        app.terminate()
+        try:
+            app.wait(15)
+        except subprocess.TimeoutExpired:
+            app.kill()
+            app.wait()
+        sink.stop()
