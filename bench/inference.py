@@ -11,10 +11,16 @@ One intra-op thread by default: on a shared 2-core machine two threads made both
 slower and erratic whenever another process was busy (torch's thread pool waits for a
 descheduled worker), while for a model this small one thread is as fast as two on an idle box.
 
+Time to first token at concurrency 1: the engine streams (`engine.stream`, what the servers'
+streams read), so its first token arrives after one prefill and one sampling step, while
+`model.generate` hands over all its tokens at its end; next to it, `generate` asked for one
+token (the floor: prefill and one step, no streaming overhead).
+
     python bench/inference.py [--tokens 64] [--trials 5] [--threads 1]
 
 Last line: RESULT c64_vs_generate=<engine tok/s / generate tok/s at 64>
                   c1_latency_vs_generate=<engine latency / generate latency at 1>
+                  c1_ttft_vs_generate=<engine time to first token / generate latency at 1>
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from rlbus.clients.renderer import TemplateRenderer
-from rlbus.consumers.inference.api import SamplingParams
+from rlbus.consumers.inference.api import Delta, SamplingParams
 from rlbus.consumers.inference.engine import Engine
 from rlbus.consumers.inference.model_init import init_model
 
@@ -112,6 +118,30 @@ async def engine_generate(engine: Engine, prompts: list[list[int]], tokens: int)
     return Figure(time.perf_counter() - started, sum(len(r.completion_ids) for r in results))
 
 
+async def engine_first_token(engine: Engine, prompt: list[int], tokens: int) -> float:
+    """Seconds until the engine's stream hands over its first token (the stream is read to its
+    end, as a client would)."""
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+    started = time.perf_counter()
+    first = None
+    async for item in engine.stream(prompt, params):
+        if first is None and isinstance(item, Delta):
+            first = time.perf_counter() - started
+    assert first is not None
+    return first
+
+
+async def first_tokens(
+    engine: Engine, prompts: list[list[int]], tokens: int
+) -> tuple[float, float]:
+    """Mean time to first token over the single-client prompts: (engine stream, generate of
+    one token)."""
+    single = prompts[:C1_REQUESTS]
+    streamed = [await engine_first_token(engine, p, tokens) for p in single]
+    floor = [bare_generate(engine, [p], 1).seconds for p in single]
+    return sum(streamed) / len(single), sum(floor) / len(single)
+
+
 def per_request(figures: list[Figure]) -> Figure:
     """Mean latency and tokens of requests run one at a time."""
     return Figure(
@@ -138,19 +168,25 @@ def fastest(figures: list[Figure]) -> Figure:
     return min(figures, key=lambda f: f.seconds / f.tokens)
 
 
-async def measure(engine: Engine, tokens: int, trials: int) -> dict[int, tuple[Figure, Figure]]:
-    """{concurrency: (engine, generate)}, each the fastest of `trials` alternating trials."""
+async def measure(
+    engine: Engine, tokens: int, trials: int
+) -> tuple[dict[int, tuple[Figure, Figure]], tuple[float, float]]:
+    """{concurrency: (engine, generate)}, each the fastest of `trials` alternating trials, and
+    the fastest (engine, one-token generate) time to first token at concurrency 1."""
     prompts = chat_prompts(engine, max(CONCURRENCY))
     best: dict[int, tuple[Figure, Figure]] = {}
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("measuring", total=len(CONCURRENCY) * (trials + 1))
+        task = progress.add_task("measuring", total=(len(CONCURRENCY) + 1) * (trials + 1))
         for c in CONCURRENCY:
             progress.update(task, description=f"concurrency {c}")
             runs = [await one_trial(engine, prompts, c, tokens) for _ in range(trials + 1)]
             progress.advance(task, trials + 1)
             kept = runs[1:]  # the first trial warms both sides up
             best[c] = (fastest([e for e, _ in kept]), fastest([g for _, g in kept]))
-    return best
+        progress.update(task, description="time to first token")
+        firsts = [await first_tokens(engine, prompts, tokens) for _ in range(trials + 1)][1:]
+        progress.advance(task, trials + 1)
+    return best, (min(f for f, _ in firsts), min(g for _, g in firsts))
 
 
 async def main(tokens: int, trials: int, threads: int) -> None:
@@ -163,7 +199,7 @@ async def main(tokens: int, trials: int, threads: int) -> None:
                 f"({torch.get_num_threads()} threads); "
                 f"{tokens} tokens per request, best of {trials} alternating trials"
             )
-            best = await measure(engine, tokens, trials)
+            best, (ttft, one_token) = await measure(engine, tokens, trials)
             mean_batch = engine.stats().mean_batch_size
     table = Table(title="engine vs bare model.generate (same prompts, same run)")
     for column in (
@@ -190,9 +226,18 @@ async def main(tokens: int, trials: int, threads: int) -> None:
     console.print(
         f"engine mean batch size over all engine runs (1, 16 and 64 clients): {mean_batch:.1f}"
     )
+    generate_s = best[1][1].seconds
+    console.print(
+        f"time to first token, 1 client: engine stream {ttft * 1000:.1f} ms; bare generate "
+        f"{generate_s * 1000:.1f} ms (its first token comes with its last); generate of one "
+        f"token {one_token * 1000:.1f} ms"
+    )
     c64 = best[64][0].tokens_per_s / best[64][1].tokens_per_s
-    c1 = best[1][0].seconds / best[1][1].seconds
-    print(f"RESULT c64_vs_generate={c64:.3f} c1_latency_vs_generate={c1:.3f}")
+    c1 = best[1][0].seconds / generate_s
+    print(
+        f"RESULT c64_vs_generate={c64:.3f} c1_latency_vs_generate={c1:.3f} "
+        f"c1_ttft_vs_generate={ttft / generate_s:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +91,24 @@ class ChatClient:
                     return False
             return self._rlbus
 
+    async def _options(
+        self, tools: list[dict[str, Any]] | None, logprobs: bool, sampling: dict[str, Any]
+    ) -> tuple[bool, dict[str, Any]]:
+        rlbus = await self.rlbus_served()
+        options = {k: v for k, v in sampling.items() if v is not None}
+        if tools:
+            options["tools"] = tools
+        if logprobs or rlbus:
+            options["logprobs"] = True
+        return rlbus, options
+
+    def _error(self, exc: openai.APIError) -> ChatError:
+        if isinstance(exc, openai.APIStatusError):
+            return ChatError(
+                f"{self.base_url} answered {exc.status_code}: {exc.message}", exc.status_code
+            )
+        return ChatError(f"{self.base_url} failed: {exc}")
+
     async def complete(
         self,
         messages: list[dict[str, Any]],
@@ -99,12 +118,7 @@ class ChatClient:
         **sampling: Any,
     ) -> ChatAnswer:
         """`sampling`: temperature, top_p, max_tokens, stop, seed (None values are left out)."""
-        rlbus = await self.rlbus_served()
-        options = {k: v for k, v in sampling.items() if v is not None}
-        if tools:
-            options["tools"] = tools
-        if logprobs or rlbus:
-            options["logprobs"] = True
+        rlbus, options = await self._options(tools, logprobs, sampling)
         if rlbus:
             options["extra_body"] = {"return_token_ids": True}
         started = time.monotonic()
@@ -116,12 +130,8 @@ class ChatClient:
                 messages=messages,  # type: ignore[arg-type]
                 **options,
             )
-        except openai.APIStatusError as exc:
-            raise ChatError(
-                f"{self.base_url} answered {exc.status_code}: {exc.message}", exc.status_code
-            ) from exc
         except openai.APIError as exc:
-            raise ChatError(f"{self.base_url} failed: {exc}") from exc
+            raise self._error(exc) from exc
         seconds = time.monotonic() - started
         body = msgspec.json.decode(raw.http_response.content)
         choice = body["choices"][0]
@@ -138,6 +148,70 @@ class ChatClient:
             logprobs=[entry["logprob"] for entry in entries],
             policy_version=body.get("policy_version", 0),
             seconds=seconds,
+        )
+
+    async def stream(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        logprobs: bool = False,
+        **sampling: Any,
+    ) -> AsyncIterator[str | ChatAnswer]:
+        """The completion as the endpoint streams it: each text delta as it comes, then the
+        whole answer (token ids are not streamed: a stream records text, usage and log-probs)."""
+        _, options = await self._options(tools, logprobs, sampling)
+        text: list[str] = []
+        calls: dict[int, dict[str, str]] = {}
+        entries: list[float] = []
+        finish, model, usage = "stop", self.model, None
+        started = time.monotonic()
+        try:
+            chunks = await self.client.chat.completions.create(
+                model=self.model,
+                messages=messages,  # type: ignore[arg-type]
+                stream=True,
+                stream_options={"include_usage": True},
+                **options,
+            )
+            async with chunks:
+                async for chunk in chunks:
+                    model = chunk.model or model
+                    usage = chunk.usage or usage
+                    for choice in chunk.choices[:1]:
+                        delta = choice.delta
+                        if delta.content:
+                            text.append(delta.content)
+                            yield delta.content
+                        for piece in delta.tool_calls or []:
+                            made = calls.setdefault(
+                                piece.index, {"id": "", "name": "", "arguments": ""}
+                            )
+                            function = piece.function
+                            made["id"] = piece.id or made["id"]
+                            made["name"] += (function.name or "") if function else ""
+                            made["arguments"] += (function.arguments or "") if function else ""
+                        if choice.logprobs and choice.logprobs.content:
+                            entries.extend(t.logprob for t in choice.logprobs.content)
+                        finish = choice.finish_reason or finish
+        except openai.APIError as exc:
+            raise self._error(exc) from exc
+        tool_calls = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
+            for _, c in sorted(calls.items())
+        ]
+        yield ChatAnswer(
+            message={"content": "".join(text) or None, "tool_calls": tool_calls or None},
+            finish_reason=finish,
+            model=model,
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+            logprobs=entries,
+            seconds=time.monotonic() - started,
         )
 
     async def close(self) -> None:

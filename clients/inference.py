@@ -1,6 +1,6 @@
 """A client of the inference server: POST /v1/generate (env producers' train-mode backend),
-POST /v1/score (teacher log-probs for distillation) and GET /health. The bodies are the structs
-of `rlbus.clients.token_api`, the ones the server decodes and encodes.
+whole or streamed, POST /v1/score (teacher log-probs for distillation) and GET /health. The
+bodies are the structs of `rlbus.clients.token_api`, the ones the server decodes and encodes.
 
 aiohttp rather than httpx: an env producer makes one request per model call, and httpx's CPU
 per request was the env producer's largest cost (`python bench/http_client.py` measures both).
@@ -8,13 +8,19 @@ per request was the env producer's largest cost (`python bench/http_client.py` m
 
 from __future__ import annotations
 
+import contextlib
 import urllib.request
+from collections.abc import AsyncIterator
 from typing import TypeVar
 
 import aiohttp
 import msgspec
 
 from rlbus.clients.token_api import (
+    DELTA,
+    ERROR,
+    RESULT,
+    Delta,
     GenerateRequest,
     GenerateResult,
     SamplingParams,
@@ -53,6 +59,33 @@ class InferenceClient:
         request = GenerateRequest(prompt_ids=prompt_ids, sampling=sampling)
         return await self._post("/generate", request, GenerateResult)
 
+    async def generate_stream(
+        self, prompt_ids: list[int], sampling: SamplingParams
+    ) -> AsyncIterator[Delta | GenerateResult]:
+        """Deltas as the server samples them, then the GenerateResult as the last item."""
+        request = GenerateRequest(prompt_ids=prompt_ids, sampling=sampling, stream=True)
+        url = self.base_url + "/generate"
+        async with self._request(url, request) as response:
+            if response.status != 200:
+                raise await self._refused(url, response)
+            event = ""
+            try:
+                async for line in response.content:
+                    if line.startswith(b"event:"):
+                        event = line[6:].strip().decode()
+                    elif line.startswith(b"data:"):
+                        data = line[5:].strip()
+                        if event == DELTA:
+                            yield msgspec.json.decode(data, type=Delta)
+                        elif event == RESULT:
+                            yield msgspec.json.decode(data, type=GenerateResult)
+                            return
+                        elif event == ERROR:
+                            raise InferenceError(f"inference {url}: {data.decode()}", 400)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise InferenceError(f"inference {url} broke off its stream: {exc!r}") from exc
+        raise InferenceError(f"inference {url} ended its stream without a result")
+
     async def score(
         self, prompt_ids: list[int], completion_ids: list[int], temperature: float
     ) -> list[float]:
@@ -70,27 +103,38 @@ class InferenceClient:
             )
         return scored
 
-    async def _post(self, path: str, body: msgspec.Struct, into: type[T]) -> T:
+    @contextlib.asynccontextmanager
+    async def _request(
+        self, url: str, body: msgspec.Struct
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
         if self._session is None:
             # Made on first use, inside the event loop that will use it (aiohttp binds to it).
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 connector=aiohttp.TCPConnector(limit=0),
             )  # concurrency is bounded by the callers
-        url = self.base_url + path
         try:
             async with self._session.post(
                 url, data=msgspec.json.encode(body), headers={"content-type": "application/json"}
             ) as response:
-                content = await response.read()
+                yield response
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise InferenceError(f"inference {url} unreachable: {exc!r}") from exc
-        if response.status != 200:
-            raise InferenceError(
-                f"inference {url} answered {response.status}: "
-                f"{content[:500].decode(errors='replace')}",
-                response.status,
-            )
+
+    @staticmethod
+    async def _refused(url: str, response: aiohttp.ClientResponse) -> InferenceError:
+        content = await response.read()
+        return InferenceError(
+            f"inference {url} answered {response.status}: {content[:500].decode(errors='replace')}",
+            response.status,
+        )
+
+    async def _post(self, path: str, body: msgspec.Struct, into: type[T]) -> T:
+        url = self.base_url + path
+        async with self._request(url, body) as response:
+            if response.status != 200:
+                raise await self._refused(url, response)
+            content = await response.read()
         return msgspec.json.decode(content, type=into)
 
     async def close(self) -> None:

@@ -1,5 +1,6 @@
 """The inference server's token endpoints, written once: POST /v1/generate (token ids in,
-sampled ids and log-probs out) and POST /v1/score (log-probs of given ids, prefill only).
+sampled ids and log-probs out; with `stream`, server-sent events: a `delta` per sampling step,
+then the `result`) and POST /v1/score (log-probs of given ids, prefill only).
 
 The server decodes the requests and encodes the results with these structs; the client
 (`rlbus.clients.inference`) decodes the results with them; backends return them.
@@ -54,11 +55,27 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, 
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     model: str | None = None
     return_text: bool = False
+    stream: bool = False
+    """Answer as server-sent events: `delta` events as tokens are sampled, then `result`
+    (the GenerateResult, text included), or `error`."""
 
 
 class TopLogprob(msgspec.Struct):
     token_id: int
     logprob: float
+
+
+class Delta(msgspec.Struct, kw_only=True):
+    """What one streaming step adds: tokens sampled since the last delta, and text now stable."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str = ""
+    top_logprobs: list[list[TopLogprob]] | None = None
+
+
+DELTA, RESULT, ERROR = "delta", "result", "error"
+"""The event names of a streamed /v1/generate."""
 
 
 class GenerateResult(msgspec.Struct, kw_only=True):

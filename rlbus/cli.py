@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from rlbus.commands import (
+    asyncapi,
     broker,
     config_cmd,
     eval,
@@ -32,6 +33,18 @@ worker_app = typer.Typer(
 )
 app.add_typer(worker_app, name="worker")
 
-for module in (quickstart, eval, run, tasks, store_cmds, model, broker, config_cmd, workers, ui):
+for module in (
+    quickstart,
+    eval,
+    run,
+    tasks,
+    store_cmds,
+    rescore,
+    model,
+    broker,
+    config_cmd,
+    workers,
+    ui,
+    asyncapi,
+):
     module.register(app, worker_app)
-rescore.register(app, worker_app)

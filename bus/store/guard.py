@@ -76,6 +76,13 @@ WHERE origin = 'ExecutableUserDefined' OR lower(name) LIKE 'dict%'
 is neither allowed nor also an ordinary function, the dictionary functions, executable
 user-defined functions and DENIED_SCALARS (with their aliases)."""
 
+_VIEWS_SQL = """
+SELECT lower(name) FROM system.tables
+WHERE database = currentDatabase() AND engine = 'View' AND position(as_select, '{') > 0
+"""
+"""The store's parameterized views (`scores_at(version = ...)`): written by its migrations, read
+as table functions are, and reading nothing but the store."""
+
 Run = Callable[[str, Mapping[str, Any] | None], list[str]]
 """Runs a query on the engine that will run the statement; returns its output's lines."""
 
@@ -95,6 +102,7 @@ class Guard:
 
     def __init__(self) -> None:
         self._denied: frozenset[str] | None = None
+        self._views: frozenset[str] = frozenset()
 
     def denied(self, run: Run) -> frozenset[str]:
         if self._denied is None:
@@ -115,7 +123,12 @@ class Guard:
                 raise Refused("more than one statement; send one statement at a time") from None
             raise
         lines = run(f"EXPLAIN AST {statement}", parameters)
-        if problem := tree_problem(lines, self.denied(run)):
+        problem = tree_problem(lines, self.denied(run), self._views)
+        if problem is not None and problem.startswith(MISSING_TABLE_FUNCTION):
+            # a migration may have added a view since: ask the engine again before refusing
+            self._views = frozenset(run(_VIEWS_SQL, None))
+            problem = tree_problem(lines, self.denied(run), self._views)
+        if problem is not None:
             raise Refused(problem)
         return statement
 
@@ -147,8 +160,14 @@ def _function_name(line: str) -> str:
     return line.lstrip(" ")[len("Function ") :].split(" ", 1)[0]
 
 
-def tree_problem(lines: list[str], denied: frozenset[str]) -> str | None:
-    """Why the `EXPLAIN AST` dump `lines` is not a read-only statement, or None."""
+MISSING_TABLE_FUNCTION = "table function "
+
+
+def tree_problem(
+    lines: list[str], denied: frozenset[str], views: frozenset[str] = frozenset()
+) -> str | None:
+    """Why the `EXPLAIN AST` dump `lines` is not a read-only statement, or None. `views`: the
+    store's parameterized views, allowed where table functions go."""
     lines = [part for line in lines for part in line.split("\n")]
     if not lines or not lines[0]:
         return "the engine returned no parse tree"
@@ -173,7 +192,13 @@ def tree_problem(lines: list[str], denied: frozenset[str]) -> str | None:
         names = {name.lower(), name.rsplit(".", 1)[-1].lower()}  # `db.file` is `file` too
         parent = lines[i - 1] if i else ""
         in_table = _kind(parent) in _TABLE_PARENTS and _depth(parent) == depth - 1
-        if names & denied or (in_table and not names & TABLE_FUNCTIONS):
+        if in_table and not names & (TABLE_FUNCTIONS | views) and not names & denied:
+            return (
+                f"{MISSING_TABLE_FUNCTION}{name}() is refused: it is neither a parameterized "
+                "view of the store nor an allowed table function (allowed: "
+                f"{', '.join(sorted(TABLE_FUNCTIONS))})"
+            )
+        if names & denied:
             return (
                 f"{name}() is refused: read-only access reads no file, URL, other server, "
                 "dictionary or program (table functions allowed: "

@@ -13,8 +13,10 @@ from typing import Literal, Protocol
 
 import msgspec
 
+from rlbus.clients.token_api import Delta as Delta
 from rlbus.clients.token_api import FinishReason as FinishReason  # the backends' vocabulary too
-from rlbus.clients.token_api import GenerateResult, SamplingParams, ScoreResult, TopLogprob
+from rlbus.clients.token_api import GenerateResult, SamplingParams, ScoreResult
+from rlbus.clients.token_api import TopLogprob as TopLogprob
 
 BackendKind = Literal["hf", "vllm"]
 """hf: the built-in transformers engine; vllm: the vLLM adapter (GPU extra)."""
@@ -34,15 +36,6 @@ class RequestError(ValueError):
 class ContextLengthError(RequestError):
     code = "context_length_exceeded"
     param = "prompt_ids"
-
-
-class Delta(msgspec.Struct, kw_only=True):
-    """What one streaming step adds: tokens sampled since the last delta, and text now stable."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str = ""
-    top_logprobs: list[list[TopLogprob]] | None = None
 
 
 class WeightsRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

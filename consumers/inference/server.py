@@ -4,6 +4,7 @@ Routes
   GET  /v1/models                 OpenAI model list
   POST /v1/chat/completions       OpenAI chat (stream or not, logprobs, tools, usage)
   POST /v1/generate               {prompt_ids, sampling} -> ids, log-probs, finish, versions
+                                  (stream: `delta` events as tokens are sampled, then `result`)
   POST /v1/score                  {prompt_ids, completion_ids} -> completion log-probs (prefill)
   POST /v1/weights                {uri, version} -> load a checkpoint now (what the bus worker does)
   GET  /v1/stats, /metrics        engine figures (mean batch size, tokens, versions) as JSON
@@ -32,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rlbus.clients import openai_wire as wire
 from rlbus.clients.renderer import Renderer, RendererError
-from rlbus.clients.token_api import GenerateRequest, ScoreRequest
+from rlbus.clients.token_api import DELTA, ERROR, RESULT, GenerateRequest, ScoreRequest
 from rlbus.consumers.inference.api import (
     Delta,
     GenerateResult,
@@ -135,8 +136,24 @@ class InferenceAPI:
     async def generate(self, request: Request) -> Response:
         req = msgspec.json.decode(await request.body(), type=GenerateRequest)
         self.check_model(req.model)
+        if req.stream:
+            # Checked here, so that a bad prompt is refused with a status code, not an event.
+            check_prompt(req.prompt_ids, self.backend.vocab_size, self.backend.max_context)
+            return StreamingResponse(
+                self._generate_stream(req.prompt_ids, req.sampling),
+                media_type="text/event-stream",
+            )
         result = await self.backend.generate(req.prompt_ids, req.sampling, text=req.return_text)
         return _json(result, headers=_result_headers([result]))
+
+    async def _generate_stream(
+        self, prompt_ids: list[int], sampling: SamplingParams
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for item in self.backend.stream(prompt_ids, sampling):
+                yield wire.sse(item, event=DELTA if isinstance(item, Delta) else RESULT)
+        except RequestError as exc:
+            yield wire.sse(request_error_body(exc), event=ERROR)
 
     async def score(self, request: Request) -> Response:
         req = msgspec.json.decode(await request.body(), type=ScoreRequest)

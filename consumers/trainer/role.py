@@ -1,14 +1,27 @@
 """The trainer role's entry (`rlbus worker trainer`), the FSDP rank dispatch included: every
 rank opens the session (sharding the model together); rank 0 consumes `batches` and hands each
-step to the others, which follow until it stops. One process without FSDP is rank 0 alone."""
+step to the others, which follow until it stops. One process without FSDP is rank 0 alone.
+
+With `trainer.parallel = "fsdp"` and no torchrun around it, the trainer process is rank 0 and
+starts ranks 1..N-1 itself (torch.multiprocessing, spawn). They die with it, ignore Ctrl-C and
+SIGTERM (rank 0 takes those, finishes its step and tells them to stop), and a rank that fails
+ends the others. Under torchrun, torchrun's ranks are used as they are.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import logging
+import os
+import signal
 from collections.abc import Iterator
 
-from rlbus.bus import Bus
+import torch
+import torch.multiprocessing as mp
+
+from rlbus.bus import Bus, free_port
 from rlbus.config.run import RunConfig
 from rlbus.consumers.trainer.session import Session, open_session
 from rlbus.consumers.trainer.worker import Step, TrainerWorker, run_trainer
@@ -58,17 +71,113 @@ class TrainerRole:
             self._leader.stop()
 
 
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+
+
+def _backend(cfg: RunConfig) -> str:
+    return "gloo" if cfg.trainer.device == "cpu" else "nccl"
+
+
+def _check_ranks(cfg: RunConfig, ranks: int) -> None:
+    """Say why the ranks cannot run here, before any starts."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise SystemExit("trainer.parallel = 'fsdp': this torch build has no torch.distributed")
+    if _backend(cfg) == "nccl":
+        gpus = torch.cuda.device_count()
+        if gpus < ranks:
+            raise SystemExit(
+                f"trainer.ranks = {ranks} on trainer.device = {cfg.trainer.device!r} needs "
+                f"{ranks} GPUs (nccl: one per rank); torch sees {gpus}. Use fewer ranks, or "
+                "trainer.device = 'cpu' (gloo)"
+            )
+
+
+def _follower(index: int, cfg: RunConfig, resume: bool, world: int, port: int) -> None:
+    """Rank index + 1, started by rank 0: mirror its steps until it says stop."""
+    # Killed with rank 0 however it dies; its signals are rank 0's to handle (a follower that
+    # left in the middle of a collective would hang the others).
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    rank = index + 1
+    _join(cfg, rank, world, port)
+    with trainer_role(cfg, resume) as role:
+        role.follow()
+
+
+def _join(cfg: RunConfig, rank: int, world: int, port: int) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+
+
+@contextlib.contextmanager
+def _ranks(cfg: RunConfig, resume: bool) -> Iterator[None]:
+    """FSDP's process group: torchrun's ranks (RANK is set), or rank 0 here and the others
+    started here; on leaving, the started ranks are waited for (or ended, after a failure)."""
+    import torch.distributed as dist
+
+    world = cfg.trainer.ranks
+    started = None
+    if "RANK" in os.environ:
+        torchrun = int(os.environ.get("WORLD_SIZE", "1"))
+        if world not in (1, torchrun):
+            raise SystemExit(
+                f"trainer.ranks = {world}, but torchrun started {torchrun} ranks (WORLD_SIZE): "
+                "leave trainer.ranks at 1 under torchrun, or run without torchrun"
+            )
+        world = torchrun
+    else:
+        _check_ranks(cfg, world)
+        port = free_port()
+        _join(cfg, 0, world, port)
+        if world > 1:
+            started = mp.start_processes(
+                _follower,
+                args=(cfg, resume, world, port),
+                nprocs=world - 1,
+                join=False,
+                start_method="spawn",
+            )
+    if os.environ["RANK"] == "0":
+        log.info("FSDP: %d ranks (%s)", world, _backend(cfg))
+    if _backend(cfg) == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(_backend(cfg))
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        if started is not None:
+            if failed:  # followers may wait in a collective that will never come
+                for process in started.processes:
+                    process.kill()
+                with contextlib.suppress(Exception):  # this failure is the one to report
+                    while not started.join():
+                        pass
+            else:
+                while not started.join():  # raises, naming the rank, if one failed
+                    pass
+
+
 @contextlib.contextmanager
 def trainer_role(cfg: RunConfig, resume: bool) -> Iterator[TrainerRole]:
-    """Join the ranks (FSDP: torchrun sets RANK, WORLD_SIZE, MASTER_ADDR/PORT for each) and open
-    the session; on leaving, rank 0 tells the followers to stop."""
-    if cfg.trainer.parallel == "fsdp":
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo" if cfg.trainer.device == "cpu" else "nccl")
-    session = open_session(cfg.trainer, cfg.model, cfg.checkpoint_url(), cfg.max_steps, resume)
-    role = TrainerRole(cfg, session)
-    try:
-        yield role
-    finally:
-        role.close()
+    """Join the ranks (FSDP) and open the session; on leaving, rank 0 tells the followers to
+    stop."""
+    with _ranks(cfg, resume) if cfg.trainer.parallel == "fsdp" else contextlib.nullcontext():
+        session = open_session(cfg.trainer, cfg.model, cfg.checkpoint_url(), cfg.max_steps, resume)
+        role = TrainerRole(cfg, session)
+        try:
+            yield role
+        finally:
+            role.close()

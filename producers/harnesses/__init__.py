@@ -4,6 +4,7 @@ from rlbus.producers.environment.loader import Environment
 from rlbus.producers.harnesses.base import Harness, HarnessError, Rollout
 from rlbus.producers.harnesses.chat import ChatHarness
 from rlbus.producers.harnesses.command import CommandHarness
+from rlbus.producers.harnesses.presets import PRESETS
 from rlbus.producers.harnesses.tools import ToolBox, open_toolbox, python_tool
 from rlbus.producers.harnesses.users import ModelUser, ScriptedUser, UserSimulator
 
@@ -12,6 +13,8 @@ def make_harness(env: Environment) -> Harness:
     config = env.config.harness
     if config.kind == "command":
         return CommandHarness(config)
+    if config.kind in PRESETS:
+        return CommandHarness(config, PRESETS[config.kind])
     user: UserSimulator | None = None
     if config.user_model is not None:
         user = ModelUser(config.user_model)

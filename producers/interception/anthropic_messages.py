@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from rlbus.clients.openai_wire import sse
 from rlbus.producers.interception.calls import CallResult, ModelCall
 from rlbus.producers.interception.messages import Message, tool_call
-from rlbus.producers.interception.wire import BadRequest, Request
+from rlbus.producers.interception.wire import BadRequest, Pieces, Request, unsent
 from rlbus.schemas.messages import text_of
 
+_TEXT_START = {"type": "text", "text": ""}
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def _text_delta(text: str) -> dict[str, str]:
+    return {"type": "text_delta", "text": text}
 
 
 def _blocks(content: Any) -> list[dict[str, Any]]:
@@ -130,43 +135,51 @@ class AnthropicMessages:
     def respond(self, request: Request, result: CallResult, response_id: str) -> dict[str, Any]:
         return self._message(result, response_id, self._content(result), final=True)
 
-    def events(self, request: Request, result: CallResult, response_id: str) -> Iterator[bytes]:
-        yield sse(
-            {
-                "type": "message_start",
-                "message": self._message(result, response_id, [], final=False),
-            },
-            event="message_start",
-        )
-        for index, block in enumerate(self._content(result)):
+    async def events(
+        self, request: Request, model: str, pieces: Pieces, response_id: str
+    ) -> AsyncIterator[bytes]:
+        def event(kind: str, **fields: Any) -> bytes:
+            return sse({"type": kind, **fields}, event=kind)
+
+        opening = CallResult({"role": "assistant", "content": None}, "stop", model)
+        yield event("message_start", message=self._message(opening, response_id, [], final=False))
+        sent: list[str] = []
+        async for piece in pieces:
+            if isinstance(piece, str):
+                if not sent:
+                    yield event("content_block_start", index=0, content_block=_TEXT_START)
+                sent.append(piece)
+                yield event("content_block_delta", index=0, delta=_text_delta(piece))
+                continue
+            result = piece
+        blocks = self._content(result)
+        if sent and (not blocks or blocks[0]["type"] != "text"):
+            blocks.insert(0, {"type": "text", "text": "".join(sent)})  # what was sent stands
+        for index, block in enumerate(blocks):
             if block["type"] == "text":
-                start, delta = {**block, "text": ""}, {"type": "text_delta", "text": block["text"]}
+                if not sent:
+                    yield event("content_block_start", index=index, content_block=_TEXT_START)
+                if rest := unsent(block["text"], "".join(sent)):
+                    yield event("content_block_delta", index=index, delta=_text_delta(rest))
             else:
-                start, delta = (
-                    {**block, "input": {}},
-                    {"type": "input_json_delta", "partial_json": json.dumps(block["input"])},
+                yield event(
+                    "content_block_start", index=index, content_block={**block, "input": {}}
                 )
-            yield sse(
-                {"type": "content_block_start", "index": index, "content_block": start},
-                event="content_block_start",
-            )
-            yield sse(
-                {"type": "content_block_delta", "index": index, "delta": delta},
-                event="content_block_delta",
-            )
-            yield sse({"type": "content_block_stop", "index": index}, event="content_block_stop")
-        yield sse(
-            {
-                "type": "message_delta",
-                "delta": {
-                    "stop_reason": _STOP_REASONS.get(result.finish_reason, "end_turn"),
-                    "stop_sequence": None,
-                },
-                "usage": {"output_tokens": result.completion_tokens},
+                partial = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+                yield event("content_block_delta", index=index, delta=partial)
+            yield event("content_block_stop", index=index)
+        yield event(
+            "message_delta",
+            delta={
+                "stop_reason": _STOP_REASONS.get(result.finish_reason, "end_turn"),
+                "stop_sequence": None,
             },
-            event="message_delta",
+            usage={
+                "input_tokens": result.prompt_tokens,
+                "output_tokens": result.completion_tokens,
+            },
         )
-        yield sse({"type": "message_stop"}, event="message_stop")
+        yield event("message_stop")
 
     def error(self, status: int, message: str) -> dict[str, Any]:
         kind = {
@@ -175,3 +188,6 @@ class AnthropicMessages:
             404: "not_found_error",
         }.get(status, "api_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
+
+    def stream_error(self, status: int, message: str) -> bytes:
+        return sse(self.error(status, message), event="error")

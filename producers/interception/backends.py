@@ -6,17 +6,23 @@
 - TokenBackend: the inference server's token-in/token-out `/v1/generate`. Prompts are rendered
   once, then each turn extends the branch's recorded prompt + completion ids with the new
   messages (renderer.extend): sampled tokens are never decoded and re-tokenized.
+
+Each answers a call whole (`complete`) or as it is sampled (`stream`: the message's text in
+pieces, then the same CallResult `complete` returns). The token backend streams text only for
+calls without tools: with tools, the text may hold a tool call that only the renderer's parse
+of the whole completion tells apart.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
 
-from rlbus.clients.chat import ChatClient, ChatError
+from rlbus.clients.chat import ChatAnswer, ChatClient, ChatError
 from rlbus.clients.inference import InferenceClient, InferenceError
-from rlbus.clients.token_api import SamplingParams
+from rlbus.clients.token_api import Delta, GenerateResult, SamplingParams
 from rlbus.config.env import ModelConfig
 from rlbus.producers.interception.calls import CallResult, ModelCall, Prior, UpstreamError
 from rlbus.producers.interception.messages import assistant_message
@@ -42,20 +48,18 @@ class EvalBackend:
             api_key_env=config.api_key_env,
         )
 
-    async def complete(self, call: ModelCall, prior: Prior | None) -> CallResult:
-        try:
-            answer = await self.chat.complete(
-                call.messages,
-                tools=call.tools,
-                logprobs=call.logprobs,
-                temperature=call.temperature,
-                top_p=call.top_p,
-                max_tokens=call.max_tokens,
-                stop=call.stop,
-                seed=call.seed,
-            )
-        except ChatError as exc:
-            raise UpstreamError(f"upstream {exc}", exc.status) from exc
+    def _sampling(self, call: ModelCall) -> dict[str, Any]:
+        return {
+            "tools": call.tools,
+            "logprobs": call.logprobs,
+            "temperature": call.temperature,
+            "top_p": call.top_p,
+            "max_tokens": call.max_tokens,
+            "stop": call.stop,
+            "seed": call.seed,
+        }
+
+    def _result(self, answer: ChatAnswer) -> CallResult:
         raw = answer.message
         message = assistant_message(raw.get("content"), raw.get("tool_calls"))
         return CallResult(
@@ -69,6 +73,20 @@ class EvalBackend:
             logprobs=answer.logprobs,
             policy_version=answer.policy_version,
         )
+
+    async def complete(self, call: ModelCall, prior: Prior | None) -> CallResult:
+        try:
+            answer = await self.chat.complete(call.messages, **self._sampling(call))
+        except ChatError as exc:
+            raise UpstreamError(f"upstream {exc}", exc.status) from exc
+        return self._result(answer)
+
+    async def stream(self, call: ModelCall, prior: Prior | None) -> AsyncIterator[str | CallResult]:
+        try:
+            async for piece in self.chat.stream(call.messages, **self._sampling(call)):
+                yield piece if isinstance(piece, str) else self._result(piece)
+        except ChatError as exc:
+            raise UpstreamError(f"upstream {exc}", exc.status) from exc
 
     async def close(self) -> None:
         await self.chat.close()
@@ -98,7 +116,7 @@ class TokenBackend:
 
         return make_renderer(AutoTokenizer.from_pretrained(config.tokenizer), config.renderer)
 
-    async def complete(self, call: ModelCall, prior: Prior | None) -> CallResult:
+    def _request(self, call: ModelCall, prior: Prior | None) -> tuple[list[int], SamplingParams]:
         if prior is not None:
             prompt_ids = self.renderer.extend(
                 prior.prompt_ids, prior.completion_ids, prior.new_messages, tools=call.tools
@@ -118,10 +136,32 @@ class TokenBackend:
             )
         except msgspec.ValidationError as exc:  # what the inference server answers with 400
             raise UpstreamError(f"bad sampling settings: {exc}", 400) from None
+        return prompt_ids, sampling
+
+    async def complete(self, call: ModelCall, prior: Prior | None) -> CallResult:
+        prompt_ids, sampling = self._request(call, prior)
         try:
             out = await self.inference.generate(prompt_ids, sampling)
         except InferenceError as exc:
             raise UpstreamError(str(exc), exc.status) from exc
+        return self._result(call, prompt_ids, out)
+
+    async def stream(self, call: ModelCall, prior: Prior | None) -> AsyncIterator[str | CallResult]:
+        prompt_ids, sampling = self._request(call, prior)
+        out: GenerateResult | None = None
+        try:
+            async for item in self.inference.generate_stream(prompt_ids, sampling):
+                if isinstance(item, Delta):
+                    if item.text and not call.tools:
+                        yield item.text
+                else:
+                    out = item
+        except InferenceError as exc:
+            raise UpstreamError(str(exc), exc.status) from exc
+        assert out is not None  # the client raises on a stream that ends without a result
+        yield self._result(call, prompt_ids, out)
+
+    def _result(self, call: ModelCall, prompt_ids: list[int], out: GenerateResult) -> CallResult:
         message = self.renderer.parse(out.completion_ids, tools=call.tools, prompt_ids=prompt_ids)
         return CallResult(
             message,

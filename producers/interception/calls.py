@@ -3,6 +3,7 @@ and the backend contract that answers it."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -75,4 +76,8 @@ class Backend(Protocol):
     model: str
 
     async def complete(self, call: ModelCall, prior: Prior | None) -> CallResult: ...
+    def stream(self, call: ModelCall, prior: Prior | None) -> AsyncIterator[str | CallResult]:
+        """The message's text in pieces as it is sampled, then the whole CallResult."""
+        ...
+
     async def close(self) -> None: ...

@@ -3,14 +3,14 @@ shared wire format (`rlbus.clients.openai_wire`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
 
 from rlbus.clients import openai_wire as wire
 from rlbus.producers.interception.calls import CallResult, ModelCall
-from rlbus.producers.interception.wire import Request
+from rlbus.producers.interception.wire import Pieces, Request, unsent
 
 
 class OpenAIChat:
@@ -43,10 +43,31 @@ class OpenAIChat:
             policy_version=result.policy_version,
         )
 
-    def events(self, request: Request, result: CallResult, response_id: str) -> Iterator[bytes]:
-        chunks = wire.Chunks(result.model, f"chatcmpl-{response_id}")
-        usage = self._usage(result) if request.include_usage else None
-        return wire.whole_stream(chunks, result.message, result.finish_reason, usage)
+    async def events(
+        self, request: Request, model: str, pieces: Pieces, response_id: str
+    ) -> AsyncIterator[bytes]:
+        chunks = wire.Chunks(model, f"chatcmpl-{response_id}")
+        yield wire.sse(chunks.chunk({"role": "assistant", "content": ""}))
+        sent: list[str] = []
+        async for piece in pieces:
+            if isinstance(piece, str):
+                sent.append(piece)
+                yield wire.sse(chunks.chunk({"content": piece}))
+                continue
+            message = piece.message
+            rest = wire.message_delta(message)
+            rest["content"] = unsent(message.get("content"), "".join(sent)) or None
+            if rest["content"] or rest.get("tool_calls"):
+                yield wire.sse(chunks.chunk(rest))
+            yield wire.sse(
+                chunks.chunk({}, finish=piece.finish_reason, policy_version=piece.policy_version)
+            )
+            if request.include_usage:
+                yield wire.sse(chunks.usage(self._usage(piece)))
+        yield wire.DONE
 
     def error(self, status: int, message: str) -> dict[str, Any]:
         return wire.error_body(message, kind=wire.error_kind(status))
+
+    def stream_error(self, status: int, message: str) -> bytes:
+        return wire.sse(self.error(status, message))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from rlbus.clients.openai_wire import error_body, error_kind, sse
 from rlbus.producers.interception.calls import CallResult, ModelCall
 from rlbus.producers.interception.messages import Message, tool_call
-from rlbus.producers.interception.wire import BadRequest, Request
+from rlbus.producers.interception.wire import BadRequest, Pieces, Request, unsent
 from rlbus.schemas.messages import text_of
 
 _ROLES = {"developer": "system", "system": "system", "user": "user", "assistant": "assistant"}
@@ -148,53 +148,84 @@ class OpenAIResponses:
     def respond(self, request: Request, result: CallResult, response_id: str) -> dict[str, Any]:
         return self._response(request, result, response_id)
 
-    def events(self, request: Request, result: CallResult, response_id: str) -> Iterator[bytes]:
+    async def events(
+        self, request: Request, model: str, pieces: Pieces, response_id: str
+    ) -> AsyncIterator[bytes]:
         seq = iter(range(1 << 30))
 
         def event(kind: str, **fields: Any) -> bytes:
             return sse({"type": kind, "sequence_number": next(seq), **fields}, event=kind)
 
+        message_id = f"msg_{response_id}"
+        where = {"item_id": message_id, "output_index": 0}
+        opened = False
+
+        def open_message() -> Iterator[bytes]:
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            item = {"type": "message", "id": message_id, "status": "in_progress"}
+            yield event(
+                "response.output_item.added",
+                output_index=0,
+                item={**item, "role": "assistant", "content": []},
+            )
+            yield event("response.content_part.added", **where, content_index=0, part=part)
+
+        def text_delta(text: str) -> bytes:
+            return event(
+                "response.output_text.delta", **where, content_index=0, delta=text, logprobs=[]
+            )
+
         yield event("response.created", response=self._response(request, None, response_id))
-        for index, item in enumerate(self._items(result, response_id)):
-            where = {"item_id": item["id"], "output_index": index}
+        sent: list[str] = []
+        async for piece in pieces:
+            if isinstance(piece, str):
+                if not opened:
+                    opened = True
+                    for opening in open_message():
+                        yield opening
+                sent.append(piece)
+                yield text_delta(piece)
+                continue
+            result = piece
+        items = self._items(result, response_id)
+        for index, item in enumerate(items):
             if item["type"] == "message":
-                yield event(
-                    "response.output_item.added",
-                    output_index=index,
-                    item={**item, "status": "in_progress", "content": []},
-                )
                 part = item["content"][0]
-                text = part["text"]
+                if not opened:
+                    for opening in open_message():
+                        yield opening
+                if rest := unsent(part["text"], "".join(sent)):
+                    yield text_delta(rest)
                 yield event(
-                    "response.content_part.added",
+                    "response.output_text.done",
                     **where,
                     content_index=0,
-                    part={**part, "text": ""},
-                )
-                yield event(
-                    "response.output_text.delta", **where, content_index=0, delta=text, logprobs=[]
-                )
-                yield event(
-                    "response.output_text.done", **where, content_index=0, text=text, logprobs=[]
+                    text=part["text"],
+                    logprobs=[],
                 )
                 yield event("response.content_part.done", **where, content_index=0, part=part)
             else:
+                at = {"item_id": item["id"], "output_index": index}
                 yield event(
                     "response.output_item.added",
                     output_index=index,
                     item={**item, "status": "in_progress", "arguments": ""},
                 )
-                yield event(
-                    "response.function_call_arguments.delta", **where, delta=item["arguments"]
-                )
+                yield event("response.function_call_arguments.delta", **at, delta=item["arguments"])
                 yield event(
                     "response.function_call_arguments.done",
-                    **where,
+                    **at,
                     arguments=item["arguments"],
                     name=item["name"],
                 )
             yield event("response.output_item.done", output_index=index, item=item)
-        yield event("response.completed", response=self._response(request, result, response_id))
+        final = self._response(request, result, response_id)
+        # A completion cut at the token limit ends as the API ends it: response.incomplete.
+        yield event(f"response.{final['status']}", response=final)
 
     def error(self, status: int, message: str) -> dict[str, Any]:
         return error_body(message, kind=error_kind(status))
+
+    def stream_error(self, status: int, message: str) -> bytes:
+        body = {"type": "error", "code": error_kind(status), "message": message, "param": None}
+        return sse({**body, "sequence_number": 0}, event="error")

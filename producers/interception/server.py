@@ -9,8 +9,11 @@ for that rollout alone (`RolloutSession.serving`); from then on the rollout's to
 only there, and that listener accepts no other token. Request bodies are read up to
 `max_request_mb`, never buffered whole first: a larger request gets 413.
 
-Streaming responses are sent once the backend's answer is complete (the backend is asked for
-whole completions), as the protocol's full event sequence.
+A streaming request is answered as the backend samples: the message's text goes out in pieces
+as they come (each protocol's own events), then the rest of the message (tool calls, usage,
+the finish) once the call is whole and recorded in the trace with its exact ids, log-probs and
+versions. The first piece is awaited before the response starts, so a call refused upstream
+still gets its status code; a failure later ends the stream with the protocol's error event.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import asyncio
 import contextlib
 import secrets
 import socket
+import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
 from typing import Any
 
 import msgspec
@@ -40,6 +45,7 @@ from rlbus.producers.interception.openai_chat import OpenAIChat
 from rlbus.producers.interception.openai_responses import OpenAIResponses
 from rlbus.producers.interception.trace import Trace
 from rlbus.producers.interception.wire import BadRequest, WireFormat
+from rlbus.producers.interception.wire import Request as WireRequest
 
 WIRES: dict[str, WireFormat] = {
     "chat/completions": OpenAIChat(),
@@ -83,6 +89,19 @@ class RolloutSession:
             yield
 
     async def complete(self, call: ModelCall, provider: str = "rlbus") -> CallResult:
+        """The call answered whole and recorded."""
+        async with aclosing(self.stream(call, provider, pieces=False)) as items:
+            async for item in items:
+                if isinstance(item, CallResult):
+                    return item
+        raise AssertionError("a call's stream ends with its result")
+
+    async def stream(
+        self, call: ModelCall, provider: str = "rlbus", *, pieces: bool = True
+    ) -> AsyncIterator[str | CallResult]:
+        """The call's text in pieces as the backend samples it (with `pieces`), then its result,
+        recorded in the trace before it is handed out. A call given up half way (the client
+        went away) leaves the trace as it was."""
         server = self.server
         call = call.with_sampling(server.sampling)
         plan = self.trace.plan(call.messages)
@@ -105,7 +124,17 @@ class RolloutSession:
             f"chat {server.backend.model}", SpanKind.CLIENT, attributes=attributes
         ) as span:
             try:
-                result = await server.backend.complete(call, plan.prior)
+                if pieces:
+                    result = None
+                    async with aclosing(server.backend.stream(call, plan.prior)) as items:
+                        async for item in items:
+                            if isinstance(item, CallResult):
+                                result = item
+                            else:
+                                yield item
+                    assert result is not None, "a backend's stream ends with its result"
+                else:
+                    result = await server.backend.complete(call, plan.prior)
             except BaseException:
                 self.trace.abandon(plan)
                 raise
@@ -121,7 +150,7 @@ class RolloutSession:
                         "rlbus.policy_version": result.policy_version,
                     }
                 )
-        return result
+        yield result
 
     async def chat(
         self, messages: list[dict[str, Any]], tools: Tools = None, **sampling: Any
@@ -296,15 +325,44 @@ class InterceptionServer:
             call = session.trace.continued(parsed.call)
         except (BadRequest, msgspec.DecodeError, KeyError, TypeError, AttributeError) as exc:
             return _json(wire.error(400, f"bad request: {exc}"), 400)
+        if parsed.stream:
+            return await self._streaming(session, call, parsed, wire)
         try:
             result = await session.complete(call, wire.name)
         except UpstreamError as exc:
             return _json(wire.error(exc.status, str(exc)), exc.status)
         except Exception as exc:
             return _json(wire.error(500, f"{type(exc).__name__}: {exc}"), 500)
-        response_id = session.trace.response_id(result)
-        if parsed.stream:
-            return StreamingResponse(
-                wire.events(parsed, result, response_id), media_type="text/event-stream"
-            )
-        return _json(wire.respond(parsed, result, response_id))
+        return _json(wire.respond(parsed, result, session.trace.response_id(result)))
+
+    async def _streaming(
+        self, session: RolloutSession, call: ModelCall, parsed: WireRequest, wire: WireFormat
+    ) -> Response:
+        # a stream names its response before the result exists: the name is given to the
+        # result's node once recorded, so a follow-up can continue it
+        response_id = uuid.uuid4().hex
+        items = session.stream(call, wire.name)
+        try:
+            first = await anext(items)
+        except UpstreamError as exc:
+            return _json(wire.error(exc.status, str(exc)), exc.status)
+        except Exception as exc:
+            return _json(wire.error(500, f"{type(exc).__name__}: {exc}"), 500)
+
+        async def pieces() -> AsyncIterator[str | CallResult]:
+            async with aclosing(items):
+                yield first
+                async for item in items:
+                    if isinstance(item, CallResult):
+                        session.trace.name_response(response_id, item)
+                    yield item
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                async for event in wire.events(parsed, self.backend.model, pieces(), response_id):
+                    yield event
+            except Exception as exc:  # the response has started: its status cannot change
+                status = exc.status if isinstance(exc, UpstreamError) else 500
+                yield wire.stream_error(status, f"{type(exc).__name__}: {exc}")
+
+        return StreamingResponse(events(), media_type="text/event-stream")

@@ -84,9 +84,17 @@ class Trace:
     def response_id(self, result: CallResult) -> str:
         """What a protocol names the response that returned `result`: its node's id as 32 hex
         digits (each protocol adds its own prefix: resp_, msg_, chatcmpl-)."""
+        return self._response_key(self._node_of(result))
+
+    def name_response(self, key: str, result: CallResult) -> None:
+        """Let `key` (a streamed response's id, sent before its result existed) name the node
+        that recorded `result` too."""
+        self.responses[key] = self._node_of(result)
+
+    def _node_of(self, result: CallResult) -> Node:
         call = next(c for c in reversed(self.calls) if c.result is result)
         assert call.node is not None
-        return self._response_key(call.node)
+        return call.node
 
     def _response_key(self, node: Node) -> str:
         return uuid.UUID(self.node_id(node)).hex

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlbus.producers.interception.calls import CallResult, ModelCall
+
+Pieces = AsyncIterator[str | CallResult]
+"""A call as it is sampled: pieces of the message's text, then the whole CallResult."""
 
 
 @dataclass(frozen=True)
@@ -22,9 +25,24 @@ class WireFormat(Protocol):
 
     def parse(self, body: dict[str, Any]) -> Request: ...
     def respond(self, request: Request, result: CallResult, response_id: str) -> dict[str, Any]: ...
-    def events(self, request: Request, result: CallResult, response_id: str) -> Iterator[bytes]: ...
+    def events(
+        self, request: Request, model: str, pieces: Pieces, response_id: str
+    ) -> AsyncIterator[bytes]:
+        """The protocol's stream: text events as the pieces come, the rest at the result."""
+        ...
+
     def error(self, status: int, message: str) -> dict[str, Any]: ...
+    def stream_error(self, status: int, message: str) -> bytes:
+        """The event that ends a stream which failed after it started."""
+        ...
 
 
 class BadRequest(ValueError):
     """A request the protocol adapter cannot turn into a model call."""
+
+
+def unsent(content: str | None, sent: str) -> str:
+    """The end of a message's text that its streamed pieces did not carry. Pieces are the
+    text's start as sampled; should the whole message read otherwise, what was sent stands."""
+    content = content or ""
+    return content[len(sent) :] if content.startswith(sent) else ""

@@ -73,16 +73,24 @@ class McpServerConfig(Section):
 
 
 class HarnessConfig(Section):
-    kind: Literal["single", "tools", "command"] = "single"
+    kind: Literal["single", "tools", "command", "llm", "openai-agents", "mini-swe-agent"] = "single"
     """single: one chat turn; tools: tool-calling loop; command: run a program against the
-    rollout's URL."""
+    rollout's URL; llm, openai-agents, mini-swe-agent: that agent (installed from PyPI) as a
+    command, with a state directory per rollout."""
     max_turns: int = Field(10, ge=1)
-    """Most model calls per rollout (tools harness and user simulators)."""
+    """Most model calls per rollout (tools harness, user simulators, and the openai-agents and
+    mini-swe-agent presets)."""
     command: list[str] = []
     """command harness: argv; {python} is this interpreter, {workdir} the rollout's directory,
-    {env_dir} the environment's directory."""
+    {env_dir} the environment's directory, {state} the rollout's state directory."""
     env: dict[str, str] = {}
-    """command harness: extra environment variables for the program."""
+    """command harness and agent presets: extra environment variables for the program
+    ({workdir}, {env_dir} and {state}, the rollout's state directory, are filled in)."""
+    args: list[str] = []
+    """Agent presets: extra arguments for the agent's command line (e.g. llm's
+    ["-o", "temperature", "0.2"], mini-swe-agent's ["-c", "agent.step_limit=5"])."""
+    api: Literal["responses", "chat"] = "responses"
+    """openai-agents: the OpenAI API the Agents SDK speaks (Responses or chat completions)."""
     mcp_servers: list[McpServerConfig] = []
     """tools harness: MCP servers whose tools the model may call."""
     user_model: UserModelConfig | None = None

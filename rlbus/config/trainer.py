@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlbus.config.base import Section
 
@@ -68,7 +68,11 @@ class TrainerConfig(Section):
     device: str = "cpu"
     """Torch device of a single-process trainer (cpu, cuda)."""
     parallel: Literal["none", "fsdp"] = "none"
-    """none: one process; fsdp: FSDP2 (fully_shard) over torch.distributed ranks (torchrun)."""
+    """none: one process; fsdp: FSDP2 (fully_shard) over torch.distributed ranks."""
+    ranks: int = Field(1, ge=1)
+    """fsdp: how many processes train (gloo on CPU, one GPU each with nccl). The trainer
+    process is rank 0 and starts the others itself; under torchrun its ranks are used
+    instead, and this must be 1 or torchrun's WORLD_SIZE."""
     checkpoint_url: str = ""
     """fsspec URL of checkpoints and published weights; empty: <store data
     dir>/checkpoints/<run_id>."""
@@ -80,3 +84,12 @@ class TrainerConfig(Section):
     """Seed of torch's RNG (dropout); data order comes from the batches."""
     threads: int = Field(0, ge=0)
     """torch intra-op threads on CPU; 0 leaves torch's default."""
+
+    @model_validator(mode="after")
+    def _ranks_need_fsdp(self) -> TrainerConfig:
+        if self.ranks > 1 and self.parallel != "fsdp":
+            raise ValueError(
+                f"trainer.ranks = {self.ranks} needs trainer.parallel = 'fsdp' (one process "
+                "trains without it)"
+            )
+        return self

@@ -117,3 +117,16 @@ print(json.dumps(out))
     with open_store(f"http://rlbus:{token}@{url.removeprefix('http://')}", read_only=True) as s:
         refused_everywhere(target, lambda sql: s.query(sql))
         assert s.query("SELECT count() FROM tokens").rows == [(1,)]
+
+
+def test_the_stores_parameterized_views_read_like_table_functions_and_nothing_else_does(
+    target: Target, holder: Store
+) -> None:
+    """`scores_at(version = ...)` sits where a table function goes; an unknown name there is
+    refused by name."""
+    url, _, token = (target.data_dir / ENDPOINT_FILE).read_text().split()
+    reader = clickhouse_connect.get_client(dsn=url, password=token)
+    assert reader.query("SELECT count() FROM scores_at(version = '')").result_rows == [(0,)]
+    with pytest.raises(DatabaseError, match=r"nosuchthing\(\) is refused"):
+        reader.query("SELECT * FROM nosuchthing(1)")
+    reader.close()
