@@ -33,10 +33,12 @@ from faststream import AckPolicy, FastStream
 from faststream.exceptions import AckMessage, HandlerException
 from faststream.kafka import KafkaBroker, KafkaMessage
 from faststream.middlewares import BaseMiddleware
+from faststream.security import BaseSecurity, SASLPlaintext, SASLScram256, SASLScram512
 from faststream.specification import AsyncAPI
 from pydantic import BaseModel
 
 from rlbus.bus.claim_check import ClaimStore
+from rlbus.bus.connection import client_options
 from rlbus.bus.messages import from_record, to_message
 from rlbus.bus.middleware import DeadLetters
 from rlbus.bus.publisher import Topics
@@ -46,6 +48,23 @@ from rlbus.schemas import BY_NAME, TOPICS, Event, Topic, codec
 HANDED = "rlbus_handed"
 """The StreamMessage attribute naming the records a handler was given (dead-lettered if it
 raises)."""
+
+
+_SASL = {"PLAIN": SASLPlaintext, "SCRAM-SHA-256": SASLScram256, "SCRAM-SHA-512": SASLScram512}
+
+
+def broker_security(kafka: KafkaConfig) -> BaseSecurity | None:
+    """KafkaConfig's TLS and SASL settings in FastStream's terms: the same connection every rlbus
+    client makes (bus.connection.client_options, which also checks them)."""
+    if kafka.security_protocol == "PLAINTEXT":
+        return None
+    options = client_options(kafka)
+    context = options.get("ssl_context")
+    if kafka.security_protocol == "SSL":
+        return BaseSecurity(ssl_context=context)
+    return _SASL[kafka.sasl_mechanism](
+        options["sasl_plain_username"], options["sasl_plain_password"], ssl_context=context
+    )
 
 
 class FastStreamBus:
@@ -66,10 +85,11 @@ class FastStreamBus:
             )
         self.kafka = kafka
         self.run_id = run_id
-        self.claims = ClaimStore(claim_check.url, claim_check.threshold_bytes)
+        self.claims = ClaimStore(claim_check)
         self.topics = Topics(kafka)
         self.broker = KafkaBroker(
             kafka.bootstrap_servers,
+            security=broker_security(kafka),
             acks="all",
             max_request_size=kafka.max_request_size,
             # Handlers are annotated with rlbus's msgspec Structs.

@@ -19,15 +19,16 @@ import numpy as np
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from faststream.kafka import KafkaBroker
+from faststream.security import BaseSecurity, SASLScram512
 
 from rlbus.bus import Bus, EmbeddedBroker
 from rlbus.bus.claim_check import HEADER as CLAIM_HEADER
-from rlbus.bus.faststream import FastStreamBus
+from rlbus.bus.faststream import FastStreamBus, broker_security
 from rlbus.bus.messages import CONTENT_TYPE, KIND, to_message
 from rlbus.bus.replay import read_back, read_records
 from rlbus.bus.store import open_store
 from rlbus.bus.waiting import wait_for
-from rlbus.config import Settings, load_settings, settings_env
+from rlbus.config import KafkaConfig, Settings, load_settings, settings_env
 from rlbus.config.env import cli_overrides
 from rlbus.discovery import store_served_elsewhere
 from rlbus.launch.evaluation import run_eval
@@ -258,3 +259,20 @@ def test_example_app_scores_a_live_eval_and_rlbus_stores_its_scores(
             app.kill()
             app.wait()
         sink.stop()
+
+
+def test_faststream_connects_with_the_same_tls_and_sasl_settings_as_rlbus() -> None:
+    assert broker_security(KafkaConfig(bootstrap_servers="h:9092")) is None
+    tls = broker_security(KafkaConfig(bootstrap_servers="h:9093", security_protocol="SSL"))
+    assert type(tls) is BaseSecurity and tls.use_ssl
+    sasl = broker_security(
+        KafkaConfig(
+            bootstrap_servers="h:9094",
+            security_protocol="SASL_SSL",
+            sasl_username="rlbus",
+            sasl_password="not-printed",
+        )
+    )
+    assert isinstance(sasl, SASLScram512) and sasl.use_ssl and sasl.username == "rlbus"
+    with pytest.raises(ValueError, match="kafka.sasl_username"):
+        broker_security(KafkaConfig(bootstrap_servers="h:9094", security_protocol="SASL_PLAINTEXT"))
