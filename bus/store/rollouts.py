@@ -29,6 +29,16 @@ ORDER BY task_id, sample_index, run_id, rollout_id
 score (version ''), or version V's alone."""
 
 
+NO_TOKENS_HELP = (
+    "they were sampled in eval mode against an endpoint that returns no token ids, so only their "
+    "messages were stored. To get rollouts with tokens, sample in train mode (`rlbus eval ENV "
+    "--mode train --tokenizer PATH`, or `rlbus run`), or evaluate against rlbus's own inference "
+    "server (`rlbus worker inference`), which records token ids in any mode; `rlbus export` "
+    "without --tokens writes these rollouts' messages as chat data"
+)
+"""Why selected rollouts hold no tokens, and how to get some."""
+
+
 @dataclass
 class StoredRollout:
     score: RolloutScored

@@ -7,19 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlbus.bus.store import Store
-from rlbus.bus.store.rollouts import describe, read_rollouts
+from rlbus.bus.store.rollouts import NO_TOKENS_HELP, describe, read_rollouts
 from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig, GroupMember, make_algorithm
 from rlbus.schemas import RolloutCompleted, TrainSample
 from rlbus.schemas.samples import trace_samples
-
-NO_TOKENS_HELP = (
-    "they were sampled in eval mode against an endpoint that returns no token ids, so only their "
-    "messages were stored. To get rollouts with tokens, sample in train mode (`rlbus eval ENV "
-    "--mode train --tokenizer PATH`, or `rlbus run`), or evaluate against rlbus's own inference "
-    "server (`rlbus worker inference`), which records token ids in any mode; `rlbus export` "
-    "writes these rollouts' messages as chat data"
-)
-"""Why rollouts hold no tokens and how to get some."""
 
 
 class ReplayError(ValueError):
