@@ -4,6 +4,7 @@ loss on exactly the sampled ones; the command trains from them and writes a load
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +15,18 @@ from typer.testing import CliRunner
 from rlbus.bus.store import open_store
 from rlbus.commands.run import register
 from rlbus.config import Settings
+from rlbus.config.env import cli_overrides
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.orchestrator.replay import ReplayError, stored_samples
+from rlbus.launch.evaluation import run_eval
+from rlbus.launch.export import export
+from rlbus.producers.environment import load_environment
 from rlbus.schemas import RolloutScored, TokenRecord, TraceNode, derived_id, masks
 from rlbus.schemas.packed import mask, pack_logprobs, pack_tokens, tokens
+from rlbus.testing import ScriptedServer
+from rlbus.ui.report import write_report
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def two_turn_trace(
@@ -183,6 +192,8 @@ def test_replay_sft_trains_a_model_and_leaves_its_history_in_the_store(
     assert all(b[3] == 2 * 19 for b in batches)  # two 19-token samples per batch
     assert versions == [(0, str(model)), (3, str(out))]
     assert [c[0] for c in curve] == [1, 2, 3]
+    report = write_report(settings.store.url, "sft-1", tmp_path / "report")
+    assert {"loss", "throughput"} <= set(report.pngs) and "reward" not in report.pngs
 
 
 def test_replay_sft_refuses_an_empty_selection(settings: Settings, tmp_path: Path) -> None:
@@ -255,3 +266,25 @@ def test_eval_mode_rollouts_are_named_as_tokenless_with_the_way_to_get_tokens(
     )
     assert result.exit_code == 2, result.output
     assert "none holds token ids" in result.output and "reshape" not in result.output
+
+
+def test_a_real_eval_run_against_an_outside_endpoint_replays_as_tokenless_and_exports_as_chat(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """What a user meets: `rlbus eval` against an OpenAI-compatible server that returns no token
+    ids, then `rlbus replay sft` on its rollouts."""
+    with ScriptedServer() as upstream:  # answers reverse-text tasks correctly
+        env = load_environment(
+            str(EXAMPLES / "reverse_text"),
+            cli_overrides("scripted", f"{upstream.url}/v1", None, None, None, None),
+        )
+        result = run_eval(env, settings, n=3, run_id="ev", show_progress=False)
+    assert result.tally.rollouts == 3 * env.config.group_size
+    with open_store(settings.store.url, read_only=True) as store:
+        with pytest.raises(ReplayError, match="none holds token ids"):
+            asyncio.run(stored_samples(store, "reward >= 1", "ev"))
+        out = tmp_path / "chat.jsonl"
+        done = export(store, out, "jsonl", "reward >= 1", "ev")
+    assert done.rows == done.rollouts == result.tally.rollouts
+    first = json.loads(out.read_text().splitlines()[0])
+    assert [m["role"] for m in first["messages"]][-1] == "assistant"
