@@ -277,6 +277,9 @@ def test_token_rows_hold_the_exact_ids_and_masks_and_name_tokenless_rollouts(
 def test_nothing_selected_and_writes_are_refused(url: str, tmp_path: Path) -> None:
     code, output = export(url, "--where", "reward > 5", "--out", str(tmp_path / "x.jsonl"))
     assert code == 2 and "no scored rollout matches" in output
+    assert not (tmp_path / "x.jsonl").exists()
+    code, output = export(url, "--format", "csv")
+    assert code == 2 and "choose jsonl or parquet" in output
     code, output = export(
         url,
         "--where",

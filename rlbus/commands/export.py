@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
@@ -52,7 +52,7 @@ def export_command(
     tools offered, reward, env, task id, run), what TRL, axolotl and prime-rl's SFT read; or,
     with --tokens, the exact token ids and loss masks. `datasets.load_dataset` reads either."""
     from rlbus.bus.store import StoreError, open_store
-    from rlbus.launch.export import ExportError, export
+    from rlbus.launch.export import ExportError, Format, export
 
     if fmt not in ("jsonl", "parquet"):
         raise typer.BadParameter(f"{fmt!r}: choose jsonl or parquet", param_hint="--format")
@@ -62,7 +62,7 @@ def export_command(
         exits_on(ExportError, StoreError),
         open_store(settings.store.url, read_only=True) as store,
     ):
-        done = export(store, path, fmt, where, run_id, scorer_version, with_tokens)  # type: ignore[arg-type]
+        done = export(store, path, cast(Format, fmt), where, run_id, scorer_version, with_tokens)
     left_out = [
         f"{n:,} rollouts {why} left out"
         for n, why in (
