@@ -9,7 +9,7 @@
 3. the same GRPO as a bare loop in one process (HF generate + the same trainer step, no bus);
 4. held-out exact match of both at the same evaluation points, on the same held-out tasks.
 
-Prints both curves, writes a PNG, and as its last line
+Prints both curves, writes a PNG and the RL run's `rlbus report`, and as its last line
 `RESULT time_to_reward_vs_bare=<ratio> reward_gain=<absolute>` (reward_gain: rlbus's held-out
 exact match at the end minus at the SFT start).
 """
@@ -48,6 +48,9 @@ from rlbus.launch.supervisor import LocalRun
 from rlbus.producers.environment import Scorer, load_environment
 from rlbus.schemas import RolloutCompleted, TrainSample, masks
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
+from rlbus.ui.charts import Series
+from rlbus.ui.figures import Figure
+from rlbus.ui.report import png, write_report
 
 console = Console()
 
@@ -72,7 +75,7 @@ def sft_stage(
     with open_store(settings.store.url, read_only=True) as store:
         samples = asyncio.run(
             stored_samples(store, f"reward >= 1 AND env = '{example.name}'", "teacher")
-        )
+        ).samples
     console.print(f"teacher: {scored} rollouts scored, {len(samples)} SFT samples from the store")
     out = workdir / "sft"
     results = train_sft(
@@ -283,35 +286,28 @@ def time_to(points: list[tuple[float, int, float]], target: float) -> float | No
 
 
 def plot(path: Path, title: str, rl: list, bare: list, curve: list) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for points, label in ((rl, "rlbus (bus + store + processes)"), (bare, "bare in-process loop")):
-        if not points:
-            continue
-        a.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=label)
-    a.set(
-        xlabel="RL wall time (s)",
-        ylabel="held-out exact match",
-        title=f"{title}: held-out exact match",
+    """Drawn by `rlbus report`'s renderer (rlbus.ui.report.png)."""
+    held_out = Figure(
+        f"{title}: held-out exact match",
+        "RL wall time (s)",
+        [
+            Series(label, [(p[0], p[2]) for p in points])
+            for points, label in (
+                (rl, "rlbus (bus + store + processes)"),
+                (bare, "bare in-process loop"),
+            )
+            if points
+        ],
     )
-    a.legend()
-    b.plot([c[0] for c in curve], [c[1] for c in curve], label="exact match")
-    b.plot(
-        [c[0] for c in curve],
-        [c[2] for c in curve],
-        label="reward (all of the env's rewards, weighted)",
+    rollouts = Figure(
+        "training rollouts (from ClickHouse)",
+        "policy version that sampled the rollouts",
+        [
+            Series("exact match", [(c[0], c[1]) for c in curve]),
+            Series("reward (all of the env's rewards, weighted)", [(c[0], c[2]) for c in curve]),
+        ],
     )
-    b.set(
-        xlabel="policy version that sampled the rollouts",
-        title="training rollouts (from ClickHouse)",
-    )
-    b.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    path.write_bytes(png([held_out, rollouts], columns=2))
 
 
 def main() -> None:
@@ -389,7 +385,8 @@ def main() -> None:
     console.print(f"held-out exact match SQL:\n{recipe.HELD_OUT_SQL}")
     plot_path = args.plot or example.dir / "learning.png"
     plot(plot_path, example.name, rl, bare, curve)
-    console.print(f"plot: {plot_path}; store: {workdir / 'store'}")
+    report = write_report(f"chdb://{workdir / 'store'}", "rl", workdir / "report")
+    console.print(f"plot: {plot_path}; run report: {report.html}; store: {workdir / 'store'}")
     gain = rl[-1][2] - rl[0][2]
     ratio = float("nan")
     if bare:

@@ -110,6 +110,7 @@ class RolloutRunner:
             model=self.server.backend.model,
             harness=env.config.harness.kind,
             duration_s=time.monotonic() - started,
+            tools=session.trace.tools,
             **usage,
         )
         for event in (*nodes, *tokens):

@@ -95,6 +95,9 @@ class RolloutCompleted(RolloutEvent, kw_only=True):
     min_policy_version: Int64 = 0
     max_policy_version: Int64 = 0
     duration_s: float = 0.0
+    tools: Messages = []
+    """The tools offered to the model (OpenAI function-tool form): each distinct one of the
+    rollout's calls, in the order first offered."""
 
 
 class TraceNode(Event, kw_only=True):

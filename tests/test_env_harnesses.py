@@ -56,6 +56,8 @@ async def test_tools_harness_runs_task_set_tools_and_scores() -> None:
     assert out.rollout.status == "ok", out.rollout.error
     assert [m["role"] for m in out.rollout.completion] == ["assistant", "tool", "assistant"]
     assert out.rollout.num_turns == 2 and out.rollout.info["state"] == {"tool_calls": 1}
+    # what the model was offered, once, in OpenAI form (a chat-format export's `tools`)
+    assert [t["function"]["name"] for t in out.rollout.tools] == ["calculate"]
     env = load_environment(str(EXAMPLES / "calculator"))
     (scored,) = await Scorer(env).score([out.rollout])
     assert (scored.rewards, scored.metrics) == ({"correct": 1.0}, {"tool_calls": 1.0})

@@ -136,6 +136,8 @@ async def test_openai_tool_calls_round_trip(server: InterceptionServer) -> None:
         )
         assert second.choices[0].message.content == "sum=3"
     assert {n.branch for n in session.trace.nodes} == {"main"} and len(session.trace.calls) == 2
+    # the rollout records what it was offered once, however many calls offered it
+    assert session.trace.tools == [{"type": "function", "function": ADD_TOOL}]
 
 
 async def test_openai_responses_plain_and_streaming(server: InterceptionServer) -> None:

@@ -21,9 +21,10 @@ def train_sft(
     steps: int,
     batch_size: int,
     seed: int = 0,
-    on_step: Callable[[int, StepResult], None] | None = None,
+    on_step: Callable[[int, list[TrainSample], StepResult], None] | None = None,
 ) -> list[StepResult]:
-    """Train `steps` optimizer steps of `batch_size` samples, then write the model to `out`."""
+    """Train `steps` optimizer steps of `batch_size` samples, then write the model to `out`;
+    `on_step(step, batch, result)` follows each step."""
     if not samples:
         raise ValueError("no samples to train on")
     policy = load_policy(model, cfg.lora, cfg.device)
@@ -39,6 +40,6 @@ def train_sft(
         batch, order = [samples[i] for i in order[:batch_size]], order[batch_size:]
         results.append(trainer.step(batch))
         if on_step is not None:
-            on_step(step, results[-1])
+            on_step(step, batch, results[-1])
     save_model(policy, out, model)
     return results

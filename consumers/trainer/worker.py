@@ -131,7 +131,14 @@ class TrainerWorker:
         await asyncio.to_thread(self.checkpoints.save, self.state, self.hooks.state())
         self.last = result
         await self._announce(
-            self._step_event(batch, result, batch.dropped_stale + fresh.dropped, fresh.histogram)
+            step_event(
+                self.run_id,
+                self.state.step,
+                batch,
+                result,
+                batch.dropped_stale + fresh.dropped,
+                fresh.histogram,
+            )
         )
         if result.skipped:
             self.skipped[result.skipped] += 1
@@ -153,31 +160,39 @@ class TrainerWorker:
         if self.state.step >= self.max_steps:
             self.stop.set()
 
-    def _step_event(
-        self, batch: TrainBatch, r: StepResult, dropped: int, histogram: dict[str, int]
-    ) -> TrainStep:
-        return TrainStep(
-            event_id=derived_id(self.run_id, "train-step", self.state.step),
-            run_id=self.run_id,
-            step=self.state.step,
-            loss=r.loss,
-            grad_norm=r.grad_norm,
-            entropy=r.entropy,
-            lr=r.lr,
-            mismatch_kl=r.mismatch_kl,
-            num_samples=r.num_samples,
-            num_tokens=r.input_tokens,
-            tokens_per_s=r.input_tokens / r.seconds if r.seconds else 0.0,
-            dropped_stale=dropped,
-            staleness=histogram,
-            metrics={
-                **r.metrics,
-                **({f"skipped: {r.skipped}": 1.0} if r.skipped else {}),
-                "loss_tokens": float(r.num_tokens),
-                "step_s": r.seconds,
-                "batch_step": float(batch.step),
-            },
-        )
+
+def step_event(
+    run_id: str,
+    step: int,
+    batch: TrainBatch,
+    r: StepResult,
+    dropped: int,
+    histogram: dict[str, int],
+) -> TrainStep:
+    """What a train step publishes (the trainer's, and `rlbus replay sft`'s): `step` is the
+    weights version it wrote."""
+    return TrainStep(
+        event_id=derived_id(run_id, "train-step", step),
+        run_id=run_id,
+        step=step,
+        loss=r.loss,
+        grad_norm=r.grad_norm,
+        entropy=r.entropy,
+        lr=r.lr,
+        mismatch_kl=r.mismatch_kl,
+        num_samples=r.num_samples,
+        num_tokens=r.input_tokens,
+        tokens_per_s=r.input_tokens / r.seconds if r.seconds else 0.0,
+        dropped_stale=dropped,
+        staleness=histogram,
+        metrics={
+            **r.metrics,
+            **({f"skipped: {r.skipped}": 1.0} if r.skipped else {}),
+            "loss_tokens": float(r.num_tokens),
+            "step_s": r.seconds,
+            "batch_step": float(batch.step),
+        },
+    )
 
 
 async def run_trainer(bus: Bus, worker: TrainerWorker) -> TrainerWorker:

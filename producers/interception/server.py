@@ -138,7 +138,7 @@ class RolloutSession:
             except BaseException:
                 self.trace.abandon(plan)
                 raise
-            recorded = self.trace.commit(plan, call.messages, result)
+            recorded = self.trace.commit(plan, call.messages, result, call.tools)
             if span is not None:
                 span.set_attributes(
                     {

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rlbus.producers.interception.calls import CallResult, ModelCall, Prior
+from rlbus.producers.interception.calls import CallResult, ModelCall, Prior, Tools
 from rlbus.producers.interception.messages import Message, canonical
 from rlbus.producers.interception.wire import BadRequest
 from rlbus.schemas import TokenRecord, TraceNode, derived_id
@@ -76,6 +76,9 @@ class Trace:
         """Each branch's last sampled node; None while a call extending it is in flight."""
         self.responses: dict[str, Node] = {}
         """Sampled nodes by their response id (Trace.response_id)."""
+        self.tools: list[dict[str, Any]] = []
+        """The tools offered to the model: each distinct one of every call, first offered
+        first."""
 
     def node_id(self, node: Node) -> str:
         """Derived from the rollout, so a re-run republishes the same ids."""
@@ -191,7 +194,10 @@ class Trace:
         self.nodes.append(node)
         return node
 
-    def commit(self, plan: Plan, messages: list[Message], result: CallResult) -> Call:
+    def commit(
+        self, plan: Plan, messages: list[Message], result: CallResult, tools: Tools = None
+    ) -> Call:
+        self.tools += [t for t in tools or () if t not in self.tools]
         path, used = self._shared_path(messages, result.prompt_ids)
         rest = messages[len(path) :]
         delta = result.prompt_ids[used:]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated
 
@@ -89,36 +88,59 @@ def replay_sft(
     where: Annotated[
         str,
         typer.Option(
-            help="SQL condition over the `scored` table, e.g. "
+            help="SQL condition over the `scored` table's columns, e.g. "
             "\"reward >= 1 AND env = 'reverse_text'\"."
         ),
     ] = "reward >= 1",
     run_id: Annotated[str | None, typer.Option("--run", help="Only rollouts of this run.")] = None,
+    scorer_version: Annotated[
+        str,
+        typer.Option(
+            "--scorer-version",
+            help="Select by this scorer version's scores (default: each rollout's newest score).",
+        ),
+    ] = "",
     config: ConfigOption = None,
 ) -> None:
-    """SFT on stored rollouts: their exact token ids and loss masks from ClickHouse."""
-    from rlbus.bus.store import open_store
-    from rlbus.consumers.orchestrator.replay import ReplayError, stored_samples
-    from rlbus.consumers.trainer.sft import train_sft
+    """SFT on stored rollouts: their exact token ids and loss masks from ClickHouse. Its batches,
+    steps and weight versions go to the bus as a run's do (run id: --run-id, default
+    replay-sft-TIME)."""
+    from rlbus.consumers.orchestrator.replay import ReplayError
+    from rlbus.launch.replay import ReplayRunError, Selection, read_samples
+    from rlbus.launch.replay import replay_sft as replay
 
     cfg = settings_from(ctx, config, ReplayConfig)
-    with exits_on(ReplayError), open_store(cfg.store.url, read_only=True) as store:
-        samples = asyncio.run(stored_samples(store, where, run_id))
-    tokens = sum(len(s.input_ids) // 4 for s in samples)
-    console.print(f"{len(samples):,} samples ({tokens:,} tokens) from {cfg.store.url}")
-    with progress(TextColumn("loss {task.fields[loss]:.4f}")) as bars:
+    selection = Selection(where, run_id, scorer_version)
+    with exits_on(ReplayError):
+        stored = read_samples(cfg, selection)
+    tokens = sum(len(s.input_ids) // 4 for s in stored.samples)
+    skipped = (
+        f"; {stored.without_tokens:,} rollouts without token ids left out"
+        if stored.without_tokens
+        else ""
+    )
+    console.print(
+        f"{len(stored.samples):,} samples ({tokens:,} tokens) from {stored.rollouts:,} rollouts "
+        f"in {cfg.store.url}{skipped}"
+    )
+    with (
+        exits_on(ReplayRunError, TimeoutError, RuntimeError),
+        progress(TextColumn("loss {task.fields[loss]:.4f}")) as bars,
+    ):
         bar = bars.add_task("sft", total=cfg.steps, loss=float("nan"))
-        train_sft(
-            samples,
+        result = replay(
+            cfg,
+            selection,
             model,
             out,
-            cfg.trainer,
-            cfg.steps,
-            cfg.batch_size,
-            cfg.seed,
-            on_step=lambda _, result: bars.update(bar, advance=1, loss=result.loss),
+            stored,
+            on_step=lambda _, step: bars.update(bar, advance=1, loss=step.loss),
         )
-    console.print(f"wrote {out}")
+    console.print(f"wrote {out}; run {result.run_id} holds its steps")
+    query = (
+        f"SELECT step, loss FROM train_steps FINAL WHERE run_id = '{result.run_id}' ORDER BY step"
+    )
+    console.print(f'query it: rlbus sql "{query}"; rlbus report {result.run_id}')
 
 
 def register(app: typer.Typer, worker_app: typer.Typer) -> None:

@@ -23,6 +23,7 @@ from starlette.staticfiles import StaticFiles
 from rlbus.bus.store import StoreError
 from rlbus.ui import charts
 from rlbus.ui.charts import Series, bar_chart, line_chart
+from rlbus.ui.figures import run_figures
 from rlbus.ui.graph import trace_svg
 from rlbus.ui.messages import messages
 from rlbus.ui.queries import CONSOLE_ROWS, CONSOLE_SECONDS, Queries, RolloutFilters
@@ -79,10 +80,6 @@ def _params(request: Request) -> dict[str, str]:
     return dict(request.query_params)
 
 
-def _series(rows: list[dict[str, Any]], x: str, columns: dict[str, str]) -> list[Series]:
-    return [Series(name, [(r[x], r[c]) for r in rows]) for c, name in columns.items()]
-
-
 class Pages:
     def __init__(self, queries: Queries, decoder: Decoder, source: StoreSource):
         self.q = queries
@@ -122,66 +119,9 @@ class Pages:
         summary, data = self.q.run_page(run_id, version)
         if summary is None:
             raise NotFound(f"no run {run_id!r} in the store")
-        reward, steps, stale = data["reward"], data["steps"], data["staleness"]
-        inference = [r for r in data["throughput"] if r["role"] == "inference"]
-        trainer = [r for r in data["throughput"] if r["role"] == "trainer"]
+        reward = data["reward"]
         figures = {
-            "reward": line_chart(
-                _series(
-                    reward,
-                    "step",
-                    {
-                        "mean_reward": "all",
-                        "train_mean_reward": "train",
-                        "held_out_mean_reward": "held-out",
-                    },
-                ),
-                "reward by policy version",
-                "version",
-            ),
-            "held_out": line_chart(
-                _series(
-                    [r for r in reward if r["held_out_rollouts"]],
-                    "step",
-                    {"held_out_mean_reward": "mean reward", "held_out_pass_rate": "pass rate"},
-                ),
-                "held-out evaluation",
-                "version",
-            ),
-            "loss": line_chart(
-                _series(steps, "step", {"loss": "loss", "mismatch_kl": "mismatch KL"}), "loss"
-            ),
-            "staleness": line_chart(
-                _series(
-                    stale,
-                    "step",
-                    {"mean_versions_behind": "mean versions behind", "max_versions_behind": "max"},
-                ),
-                "staleness",
-            ),
-            "drops": line_chart(
-                _series(stale, "step", {"dropped_stale": "stale (trainer)"})
-                + _series(
-                    data["drops"],
-                    "step",
-                    {
-                        "dropped_zero_signal": "zero signal",
-                        "dropped_too_long": "too long",
-                        "errored_rollouts": "errored rollouts",
-                    },
-                ),
-                "samples dropped",
-            ),
-            "throughput": line_chart(
-                [
-                    Series(
-                        "inference", [(r["policy_version"], r["tokens_per_s"]) for r in inference]
-                    ),
-                    Series("trainer", [(r["policy_version"], r["tokens_per_s"]) for r in trainer]),
-                ],
-                "tokens/s",
-                "version",
-            ),
+            name: line_chart(f.series, f.title, f.x_label) for name, f in run_figures(data).items()
         }
         return self.page(
             "run.html",

@@ -17,8 +17,10 @@ T = TypeVar("T")
 
 
 class StoreSource:
-    def __init__(self, url: str):
+    def __init__(self, url: str, reader: str = "rlbus ui"):
         self.url = url
+        self.reader = reader
+        """Who reads, as warnings name it."""
         self._store: Store | None = None
         self._lock = threading.Lock()
 
@@ -34,9 +36,11 @@ class StoreSource:
                 self._store = open_store(self.url, read_only=True)
                 if self._store.data_dir is not None:
                     log.warning(
-                        "rlbus ui opened %s itself (no process serves it): a run cannot write "
-                        "to it until the ui stops",
+                        "%s opened %s itself (no process serves it): a run cannot write to it "
+                        "until %s stops",
+                        self.reader,
                         self._store.data_dir,
+                        self.reader,
                     )
             return self._store
 
