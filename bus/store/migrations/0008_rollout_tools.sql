@@ -4,6 +4,3 @@
 ALTER TABLE `rollouts` ADD COLUMN IF NOT EXISTS `tools` String;
 ALTER TABLE `rollouts` MODIFY COLUMN `digest` UInt64 DEFAULT cityHash64(event_id, schema_version, run_id, rollout_id, group_id, task_id, env, sample_index, group_size, prompt, completion, answer, info, status, error, error_kind, model, harness, num_turns, prompt_tokens, completion_tokens, min_policy_version, max_policy_version, duration_s, tools);
 
--- 0006 added `scored`.`scorer_version` without putting it in the digest: two scores that differ
--- only in their version would read as one content.
-ALTER TABLE `scored` MODIFY COLUMN `digest` UInt64 DEFAULT cityHash64(event_id, schema_version, run_id, rollout_id, group_id, task_id, env, sample_index, group_size, reward, rewards, metrics, status, error, policy_version, completion_tokens, scorer_version);
