@@ -66,6 +66,8 @@ class RolloutSession:
         self.rollout_id = rollout_id
         self.token = token
         self.trace = Trace(rollout_id)
+        self.context = telemetry.current()
+        """The rollout's trace context: its model calls arrive on the server's own tasks."""
         self.private = False
         """Served on a listener of its own (`serving`): its token is refused anywhere else."""
         root = f"{server.url}/r/{token}"
@@ -121,7 +123,7 @@ class RolloutSession:
             **{k: v for k, v in requested.items() if v is not None},
         }
         with telemetry.span(
-            f"chat {server.backend.model}", SpanKind.CLIENT, attributes=attributes
+            f"chat {server.backend.model}", SpanKind.CLIENT, self.context, attributes
         ) as span:
             try:
                 if pieces:

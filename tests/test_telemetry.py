@@ -1,0 +1,191 @@
+"""One trace per rollout, across processes: `rlbus tasks publish`, an env producer worker and a
+judge worker export to a real OTLP/HTTP receiver on loopback, and a rollout's spans (the task's
+publish, the rollout, its model calls, its scoring and the publishes between them) form one tree
+with one trace id, named by OpenTelemetry's GenAI conventions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from rlbus.bus.server_thread import ServerThread
+from rlbus.bus.waiting import wait_for
+from rlbus.config import Settings, settings_env
+from rlbus.config.settings import TelemetryConfig
+from rlbus.launch.processes import RoleProcess, alive
+from rlbus.producers.environment import load_environment
+from rlbus.testing import ScriptedModel, ScriptedServer
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _value(v: object) -> object:
+    kind = v.WhichOneof("value")  # type: ignore[attr-defined]
+    if kind == "array_value":
+        return tuple(_value(x) for x in v.array_value.values)  # type: ignore[attr-defined]
+    return getattr(v, kind) if kind else None
+
+
+@dataclass
+class Span:
+    service: str
+    name: str
+    trace_id: str
+    span_id: str
+    parent: str
+    attributes: dict[str, object]
+    links: list[tuple[str, str]]
+    events: list[tuple[str, dict[str, object]]] = field(default_factory=list)
+
+
+class Receiver:
+    """An OTLP/HTTP traces endpoint: decodes each ExportTraceServiceRequest it is sent."""
+
+    def __init__(self) -> None:
+        self.spans: list[Span] = []
+        self._lock = threading.Lock()
+        app = Starlette(routes=[Route("/v1/traces", self._export, methods=["POST"])])
+        self.server = ServerThread(app, name="otlp-receiver")
+
+    async def _export(self, request: Request) -> Response:
+        export = ExportTraceServiceRequest.FromString(await request.body())
+        got = []
+        for resource_spans in export.resource_spans:
+            resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
+            for scope_spans in resource_spans.scope_spans:
+                for s in scope_spans.spans:
+                    got.append(
+                        Span(
+                            str(resource["service.name"]),
+                            s.name,
+                            s.trace_id.hex(),
+                            s.span_id.hex(),
+                            s.parent_span_id.hex(),
+                            {a.key: _value(a.value) for a in s.attributes},
+                            [(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
+                            [
+                                (e.name, {a.key: _value(a.value) for a in e.attributes})
+                                for e in s.events
+                            ],
+                        )
+                    )
+        with self._lock:
+            self.spans += got
+        return Response(b"", media_type="application/x-protobuf")
+
+    def named(self, name: str) -> list[Span]:
+        with self._lock:
+            return [s for s in self.spans if s.name == name]
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    with r.server:
+        yield r
+
+
+def test_one_rollouts_spans_form_one_tree_across_processes(
+    settings: Settings, receiver: Receiver, tmp_path: Path
+) -> None:
+    telemetry = TelemetryConfig(exporter="otlp", otlp_endpoint=f"{receiver.server.url}/v1/traces")
+    settings = settings.model_copy(update={"telemetry": telemetry})
+    env = load_environment(str(EXAMPLES / "reverse_text"))
+    task = next(iter(env.tasks(settings.run_id).take(1)))
+    source = tmp_path / "task.jsonl"
+    row = {"prompt": task.prompt, "answer": task.answer, "info": task.info, "env": env.id}
+    source.write_text(json.dumps(row) + "\n")
+
+    def reverse(messages: list[dict], tools: object) -> dict:
+        return {"content": messages[-1]["content"].split()[-1][::-1]}
+
+    logs = tmp_path / "logs"
+    with ScriptedServer(ScriptedModel(chat=reverse)) as upstream:
+        model = ["--model", "scripted", "--base-url", f"{upstream.url}/v1"]
+        workers = [
+            RoleProcess("env", settings, logs, [str(EXAMPLES / "reverse_text"), *model]),
+            RoleProcess("judge", settings, logs, [str(EXAMPLES / "reverse_text")]),
+        ]
+        try:
+            publish = [sys.executable, "-m", "rlbus", "tasks", "publish", str(source)]
+            done = subprocess.run(
+                publish, env=settings_env(settings) | _path_env(), capture_output=True, timeout=120
+            )
+            assert done.returncode == 0, done.stderr.decode()[-2000:]
+            size = env.config.group_size
+            wait_for(
+                lambda: len(receiver.named("publish scored")) >= size,
+                120,
+                "the judge's score spans at the receiver",
+                check=alive(*workers),
+            )
+        finally:
+            for worker in workers:
+                assert worker.stop() == 0, worker.log_tail()
+
+    (root,) = receiver.named("publish tasks")
+    assert root.service == "rlbus.tasks.publish" and root.parent == ""
+    spans = [s for s in receiver.spans if s.trace_id == root.trace_id]
+    rollouts = {s.attributes["rlbus.rollout_id"] for s in receiver.named(f"invoke_agent {env.id}")}
+    assert len(rollouts) == env.config.group_size
+    # Every span about these rollouts is in this one trace, whichever process made it.
+    about = [s for s in receiver.spans if s.attributes.get("rlbus.rollout_id") in rollouts]
+    assert {s.trace_id for s in about} == {root.trace_id}
+    assert {s.service for s in spans} == {"rlbus.tasks.publish", "rlbus.env", "rlbus.judge"}
+    # One tree: one root, every other span's parent in the trace.
+    ids = {s.span_id for s in spans}
+    assert [s for s in spans if s.parent not in ids] == [root]
+    by_id = {s.span_id: s for s in spans}
+
+    def path(span: Span) -> list[str]:
+        out = []
+        while span.parent:
+            span = by_id[span.parent]
+            out.append(span.name)
+        return out
+
+    calls = [s for s in spans if s.name == "chat scripted"]
+    assert len(calls) == env.config.group_size
+    for call in calls:
+        assert path(call) == [f"invoke_agent {env.id}", "process tasks", "publish tasks"]
+        attrs = call.attributes
+        assert attrs["gen_ai.operation.name"] == "chat" and attrs["gen_ai.request.model"]
+        assert attrs["gen_ai.usage.input_tokens"] > 0  # type: ignore[operator]
+        assert attrs["gen_ai.usage.output_tokens"] > 0  # type: ignore[operator]
+        assert attrs["gen_ai.response.finish_reasons"] == ("stop",)
+    (agent,) = [s for s in spans if s.name == f"invoke_agent {env.id}"][:1]
+    assert agent.attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert agent.attributes["gen_ai.agent.name"] == env.id
+    for published in (s for s in spans if s.name == "publish rollouts"):
+        assert path(published)[0] == f"invoke_agent {env.id}"  # in its own rollout's span
+    scoring = [s for s in spans if s.name == f"score {env.id}"]
+    assert scoring and all(s.service == "rlbus.judge" for s in scoring)
+    for score in scoring:
+        # The judge consumes in batches: its scoring continues the first rollout's publish.
+        assert path(score)[:2] == ["publish rollouts", f"invoke_agent {env.id}"]
+        linked = {by_id[span_id].name for _, span_id in score.links}
+        assert linked == {"publish rollouts"}
+        results = [e for name, e in score.events if name == "gen_ai.evaluation.result"]
+        assert {e["rlbus.rollout_id"] for e in results} <= rollouts
+        assert all(e["gen_ai.evaluation.name"] == "reward" for e in results)
+    scored = {e["rlbus.rollout_id"] for s in scoring for _, e in s.events}
+    assert scored == rollouts
+    for published in receiver.named("publish scored"):
+        assert path(published)[0] == f"score {env.id}"
+
+
+def _path_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("RLBUS_")}
