@@ -16,15 +16,23 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from test_run import run_config
 
+from rlbus.bus import telemetry
 from rlbus.bus.server_thread import ServerThread
 from rlbus.bus.waiting import wait_for
 from rlbus.config import Settings, settings_env
 from rlbus.config.settings import TelemetryConfig
+from rlbus.consumers.inference.model_init import init_model
+from rlbus.launch.in_process import run_in_process
 from rlbus.launch.processes import RoleProcess, alive
 from rlbus.producers.environment import load_environment
 from rlbus.testing import ScriptedModel, ScriptedServer
@@ -189,3 +197,58 @@ def test_one_rollouts_spans_form_one_tree_across_processes(
 
 def _path_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("RLBUS_")}
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry.use_tracer(provider.get_tracer("rlbus-test"))
+    try:
+        yield exporter
+    finally:
+        telemetry.use_tracer(None)
+
+
+@pytest.mark.slow
+async def test_batches_and_steps_continue_their_rollouts_traces(
+    settings: Settings, spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    """A whole run in this process (every role, the real broker, the built-in inference
+    engine): the orchestrator's batch is a child of its first rollout's trace and links to
+    every rollout's score; the trainer's step is a child of the batch; inference's sampling
+    continues the model call that asked for it."""
+    model = tmp_path / "tiny"
+    init_model(model, seed=0)
+    cfg = run_config(settings, model, tmp_path, tasks_per_step=2, eval_every=10, eval_tasks=1)
+    cfg = cfg.model_copy(update={"max_steps": 1})
+    await run_in_process(cfg, EXAMPLES / "reverse_text", timeout_s=240)
+    finished = spans.get_finished_spans()
+    by_id = {s.context.span_id: s for s in finished}
+
+    def parent(span: ReadableSpan) -> ReadableSpan:
+        assert span.parent is not None, span.name
+        return by_id[span.parent.span_id]
+
+    (batch,) = [s for s in finished if s.name == "batch 1"]
+    scored = {s.context.span_id: s for s in finished if s.name == "publish scored"}
+    linked = [scored[link.context.span_id] for link in batch.links]
+    # Every rollout of the batch's groups (2 tasks x group_size 4), each a score in its trace.
+    assert len(linked) == 8 and len({s.context.trace_id for s in linked}) == 2
+    assert parent(batch) is linked[0]
+    (step,) = [s for s in finished if s.name == "train step 1"]
+    assert parent(parent(step)).name == "batch 1"  # through the batch's publish
+    assert step.context.trace_id == linked[0].context.trace_id
+    # The step's trace starts at the orchestrator's publish of the task.
+    root = step
+    while root.parent is not None:
+        root = parent(root)
+    assert root.name == "publish tasks"
+    served = [s for s in finished if s.kind == SpanKind.SERVER and s.name.endswith(" tiny")]
+    assert served, sorted({s.name for s in finished})
+    for span in served:
+        call = parent(span)
+        assert call.name.startswith("chat ") and call.kind == SpanKind.CLIENT
+        assert span.attributes["gen_ai.operation.name"] in ("chat", "text_completion")
+        assert "rlbus.policy_version" in span.attributes
