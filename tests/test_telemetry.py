@@ -5,6 +5,7 @@ with one trace id, named by OpenTelemetry's GenAI conventions."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -26,7 +27,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from test_run import run_config
 
-from rlbus.bus import telemetry
+from rlbus.bus import Bus, Delivery, telemetry
 from rlbus.bus.server_thread import ServerThread
 from rlbus.bus.waiting import wait_for
 from rlbus.config import Settings, settings_env
@@ -35,6 +36,7 @@ from rlbus.consumers.inference.model_init import init_model
 from rlbus.launch.in_process import run_in_process
 from rlbus.launch.processes import RoleProcess, alive
 from rlbus.producers.environment import load_environment
+from rlbus.schemas import TaskPublished
 from rlbus.testing import ScriptedModel, ScriptedServer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -252,3 +254,69 @@ async def test_batches_and_steps_continue_their_rollouts_traces(
         assert call.name.startswith("chat ") and call.kind == SpanKind.CLIENT
         assert span.attributes["gen_ai.operation.name"] in ("chat", "text_completion")
         assert "rlbus.policy_version" in span.attributes
+
+
+def test_rlbus_eval_traces_each_task_as_one_tree(
+    settings: Settings, receiver: Receiver, tmp_path: Path
+) -> None:
+    """`rlbus eval` (a sink process beside it) exports a task's rollouts, model calls, scoring
+    and publishes as one tree per task."""
+    telemetry_env = {
+        "RLBUS_TELEMETRY__EXPORTER": "otlp",
+        "RLBUS_TELEMETRY__OTLP_ENDPOINT": f"{receiver.server.url}/v1/traces",
+    }
+
+    def reverse(messages: list[dict], tools: object) -> dict:
+        return {"content": messages[-1]["content"].split()[-1][::-1]}
+
+    with ScriptedServer(ScriptedModel(chat=reverse)) as upstream:
+        command = [sys.executable, "-m", "rlbus", "eval", str(EXAMPLES / "reverse_text")]
+        command += ["-m", "scripted", "--base-url", f"{upstream.url}/v1", "-n", "2"]
+        environment = _path_env() | settings_env(settings) | telemetry_env
+        done = subprocess.run(command, env=environment, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    env = load_environment(str(EXAMPLES / "reverse_text"))
+    roots = receiver.named(f"evaluate {env.id}")
+    assert len(roots) == 2 and {s.service for s in receiver.spans} == {"rlbus.eval"}
+    assert all(root.parent == "" for root in roots)
+    for root in roots:
+        spans = [s for s in receiver.spans if s.trace_id == root.trace_id]
+        by_id = {s.span_id: s for s in spans}
+        assert [s for s in spans if s.parent not in by_id] == [root]
+        names = [(s.name, by_id[s.parent].name) for s in spans if s is not root]
+        size = env.config.group_size
+        assert names.count((f"invoke_agent {env.id}", root.name)) == size
+        assert names.count(("chat scripted", f"invoke_agent {env.id}")) == size
+        assert names.count(("publish rollouts", f"invoke_agent {env.id}")) == size
+        assert names.count(("publish tasks", root.name)) == 1
+        assert names.count((f"score {env.id}", root.name)) == 1
+        assert names.count(("publish scored", f"score {env.id}")) == size
+        (score,) = [s for s in spans if s.name == f"score {env.id}"]
+        assert {by_id[span_id].name for _, span_id in score.links} == {f"invoke_agent {env.id}"}
+
+
+async def test_publishing_with_telemetry_off_makes_no_spans_and_no_trace_headers(
+    settings: Settings,
+) -> None:
+    """Off (the default): no span is made and no trace context is written, even inside an
+    application's own active span."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry.use_tracer(None)
+    async with Bus.of(settings) as bus:
+        with provider.get_tracer("app").start_as_current_span("the app's own"):
+            await bus.publish_many(
+                [TaskPublished(task_id=f"t{i}", env="e", prompt="p") for i in range(3)]
+            )
+        stop = asyncio.Event()
+        headers: list[dict[str, bytes]] = []
+
+        async def on_event(d: Delivery) -> None:
+            headers.append(dict(d.headers))
+            if len(headers) == 3:
+                stop.set()
+
+        await asyncio.wait_for(bus.subscriber("tasks", group="off")(on_event).run(stop), 30)
+    assert [s.name for s in exporter.get_finished_spans()] == ["the app's own"]
+    assert all(set(h) == {"content-type", "rlbus-kind"} for h in headers), headers
