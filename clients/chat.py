@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 import openai
+from opentelemetry import propagate
 
 POLICY_VERSION_HEADER = "x-rlbus-policy-version"
 """On every response of rlbus's inference server (rlbus.consumers.inference.server)."""
@@ -100,6 +101,11 @@ class ChatClient:
             options["tools"] = tools
         if logprobs or rlbus:
             options["logprobs"] = True
+        if rlbus:  # W3C trace context: rlbus's inference server continues the caller's trace
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            if carrier:
+                options["extra_headers"] = carrier
         return rlbus, options
 
     def _error(self, exc: openai.APIError) -> ChatError:

@@ -33,9 +33,11 @@ from rlbus.bus.waiting import wait_for
 from rlbus.config import Settings, settings_env
 from rlbus.config.settings import TelemetryConfig
 from rlbus.consumers.inference.model_init import init_model
+from rlbus.consumers.inference.service import build_app, build_backend
 from rlbus.launch.in_process import run_in_process
 from rlbus.launch.processes import RoleProcess, alive
-from rlbus.producers.environment import load_environment
+from rlbus.producers.environment import ModelConfig, load_environment
+from rlbus.producers.interception import EvalBackend, InterceptionServer
 from rlbus.schemas import TaskPublished
 from rlbus.testing import ScriptedModel, ScriptedServer
 
@@ -320,3 +322,27 @@ async def test_publishing_with_telemetry_off_makes_no_spans_and_no_trace_headers
         await asyncio.wait_for(bus.subscriber("tasks", group="off")(on_event).run(stop), 30)
     assert [s.name for s in exporter.get_finished_spans()] == ["the app's own"]
     assert all(set(h) == {"content-type", "rlbus-kind"} for h in headers), headers
+
+
+async def test_rlbus_inference_continues_an_eval_mode_model_call(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    """An eval-mode call (OpenAI chat) to rlbus's own inference server: the server's span is a
+    child of the interception server's model call."""
+    model_dir = tmp_path / "tiny"
+    init_model(model_dir)
+    app = build_app(build_backend(model_dir), model_dir, model_name="tiny", renderer="template")
+    with ServerThread(app, lifespan="on") as engine:
+        config = ModelConfig(name="tiny", base_url=f"{engine.url}/v1")
+        async with InterceptionServer(EvalBackend(config)) as server:
+            with server.session("r-eval") as session:
+                for _ in range(2):  # the first call finds out who serves
+                    await session.chat([{"role": "user", "content": "hi"}], max_tokens=4)
+    finished = spans.get_finished_spans()
+    calls = {s.context.span_id: s for s in finished if s.kind == SpanKind.CLIENT}
+    served = [s for s in finished if s.kind == SpanKind.SERVER]
+    assert len(calls) == 2 and len(served) == 2, [s.name for s in finished]
+    for span in served:
+        assert span.name == "chat tiny" and span.parent is not None
+        assert calls[span.parent.span_id].attributes["rlbus.rollout_id"] == "r-eval"
+        assert span.attributes["gen_ai.operation.name"] == "chat"
