@@ -254,6 +254,10 @@ async def test_batches_and_steps_continue_their_rollouts_traces(
     for span in served:
         call = parent(span)
         assert call.name.startswith("chat ") and call.kind == SpanKind.CLIENT
+        # Train mode: the call's exact tokens are recorded, and the span says so (rlbus.*).
+        assert call.attributes["rlbus.tokens.completion_ids"] > 0
+        assert call.attributes["rlbus.tokens.prompt_ids"] > 0
+        assert call.attributes["rlbus.tokens.logprob_sum"] < 0
         assert span.attributes["gen_ai.operation.name"] in ("chat", "text_completion")
         assert "rlbus.policy_version" in span.attributes
 

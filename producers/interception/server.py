@@ -150,6 +150,11 @@ class RolloutSession:
                         "gen_ai.usage.output_tokens": result.completion_tokens,
                         "rlbus.call_index": recorded.index,
                         "rlbus.policy_version": result.policy_version,
+                        # Token level (exact ids are recorded when the backend returns them):
+                        # how many, and the completion's log-likelihood under its policy.
+                        "rlbus.tokens.prompt_ids": len(result.prompt_ids),
+                        "rlbus.tokens.completion_ids": len(result.completion_ids),
+                        "rlbus.tokens.logprob_sum": float(sum(result.logprobs)),
                     }
                 )
         yield result
