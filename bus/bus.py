@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, overload
+
+from opentelemetry.context import Context
 
 from rlbus.bus.claim_check import ClaimStore
 from rlbus.bus.health import quiet_kafka_client, watch_broker
@@ -93,9 +95,12 @@ class Bus:
         """Publish one event and wait for the broker's acknowledgement."""
         await self.publisher.publish_many([event])
 
-    async def publish_many(self, events: Sequence[Event]) -> None:
-        """Publish events (any topics) and wait until the broker acknowledged all of them."""
-        await self.publisher.publish_many(events)
+    async def publish_many(
+        self, events: Sequence[Event], parents: Mapping[str, Context | None] | None = None
+    ) -> None:
+        """Publish events (any topics) and wait until the broker acknowledged all of them;
+        `parents`: each event's trace context by event id (Publisher.publish_many)."""
+        await self.publisher.publish_many(events, parents)
 
     async def publish_raw(
         self, topic: str, value: bytes, key: bytes | None = None, headers: Headers | None = None

@@ -4,12 +4,13 @@ them (acks=all). Topics are created on first use with the configured partition c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from aiokafka.structs import RecordMetadata
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
 from rlbus.bus import telemetry
@@ -95,8 +96,12 @@ class Publisher:
             raise RuntimeError("Bus is not started: use `async with Bus(...) as bus`")
         return self._producer
 
-    async def publish_many(self, events: Sequence[Event]) -> None:
-        """Publish events (any topics) and wait until the broker acknowledged all of them."""
+    async def publish_many(
+        self, events: Sequence[Event], parents: Mapping[str, Context | None] | None = None
+    ) -> None:
+        """Publish events (any topics) and wait until the broker acknowledged all of them.
+        `parents`: the trace context to publish an event in, by event id (default: the
+        current one), so events published together still join their own rollouts' traces."""
         producer = self._started()
         await self.topics.ensure({topic_of(e).name for e in events})
         futures = []
@@ -109,7 +114,8 @@ class Publisher:
                 continue
             attributes = {"messaging.system": "kafka", "rlbus.event_id": event.event_id}
             name = f"publish {topic_of(event).name}"
-            with telemetry.span(name, SpanKind.PRODUCER, attributes=attributes):
+            parent = parents.get(event.event_id) if parents else None
+            with telemetry.span(name, SpanKind.PRODUCER, parent, attributes):
                 futures.append(await self._send(producer, event))
         if futures:
             for meta in await asyncio.gather(*futures):

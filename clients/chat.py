@@ -20,6 +20,7 @@ from typing import Any
 import httpx2
 import msgspec
 import openai
+from opentelemetry import propagate
 
 _json = msgspec.json.Encoder()
 _JSON_BODY: openai.RequestOptions = {"headers": {"Content-Type": "application/json"}}
@@ -104,6 +105,11 @@ class ChatClient:
             options["tools"] = tools
         if logprobs or rlbus:
             options["logprobs"] = True
+        if rlbus:  # W3C trace context: rlbus's inference server continues the caller's trace
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            if carrier:
+                options["extra_headers"] = carrier
         return rlbus, options
 
     def _error(self, exc: openai.APIError) -> ChatError:

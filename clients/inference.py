@@ -15,6 +15,7 @@ from typing import TypeVar
 
 import aiohttp
 import msgspec
+from opentelemetry import propagate
 
 from rlbus.clients.token_api import (
     DELTA,
@@ -114,8 +115,10 @@ class InferenceClient:
                 connector=aiohttp.TCPConnector(limit=0),
             )  # concurrency is bounded by the callers
         try:
+            headers = {"content-type": "application/json"}
+            propagate.inject(headers)  # W3C trace context: inference continues the call's trace
             async with self._session.post(
-                url, data=msgspec.json.encode(body), headers={"content-type": "application/json"}
+                url, data=msgspec.json.encode(body), headers=headers
             ) as response:
                 yield response
         except (aiohttp.ClientError, TimeoutError) as exc:

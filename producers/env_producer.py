@@ -12,7 +12,7 @@ from rlbus.bus import Bus, Delivery
 from rlbus.config import Settings
 from rlbus.producers.environment.loader import Environment
 from rlbus.producers.interception import InterceptionServer
-from rlbus.producers.rollouts import RolloutRunner
+from rlbus.producers.rollouts import RolloutRunner, trace_parents
 from rlbus.schemas import TaskPublished, group_of
 
 
@@ -66,7 +66,8 @@ class EnvProducer:
         if task.env != self.env.id:
             return
         outputs = await self.runner.run_group(task)
-        await self.bus.publish_many([e for out in outputs for e in out.events()])
+        events = [e for out in outputs for e in out.events()]
+        await self.bus.publish_many(events, trace_parents(outputs))
         self.rollouts += len(outputs)
 
 

@@ -8,9 +8,11 @@ import asyncio
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from rlbus.bus import Bus
+from opentelemetry.trace import SpanKind
+
+from rlbus.bus import Bus, telemetry
 from rlbus.producers.environment.scoring import Scorer
-from rlbus.producers.rollouts import RolloutRunner
+from rlbus.producers.rollouts import RolloutRunner, trace_parents
 from rlbus.schemas import Event, RolloutScored, TaskPublished
 
 
@@ -43,11 +45,21 @@ class EvalPipeline:
         self.tally = Tally()
 
     async def _task(self, task: TaskPublished) -> None:
-        outputs = await self.runner.run_group(task)
-        rollouts = [o.rollout for o in outputs]
-        scoring = await self.scorer.scoring(rollouts)
-        events: list[Event] = [task, *(e for o in outputs for e in o.events()), *scoring.events()]
-        await self.bus.publish_many(events)
+        """One task's group, in one trace when telemetry is on: the task's span holds its
+        rollouts (with their model calls) and their scoring."""
+        attributes = {"rlbus.task_id": task.task_id, "rlbus.env": task.env}
+        with telemetry.span(f"evaluate {task.env}", SpanKind.INTERNAL, attributes=attributes):
+            outputs = await self.runner.run_group(task)
+            rollouts = [o.rollout for o in outputs]
+            scoring = await self.scorer.scoring(
+                rollouts, linked=telemetry.links(o.context for o in outputs)
+            )
+            events: list[Event] = [task, *(e for o in outputs for e in o.events())]
+            events += scoring.events()
+            parents = trace_parents(outputs)
+            if parents is not None:
+                parents |= scoring.parents()
+            await self.bus.publish_many(events, parents)
         self.tally.add(scoring.scored)
         if self.on_group is not None:
             self.on_group(self.tally)

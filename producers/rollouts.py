@@ -10,8 +10,13 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind
+
+from rlbus.bus import telemetry
 from rlbus.producers.environment.loader import Environment
 from rlbus.producers.harnesses import Harness, HarnessError, Rollout, make_harness
 from rlbus.producers.interception.calls import UpstreamError
@@ -33,10 +38,19 @@ class RolloutOutput:
     rollout: RolloutCompleted
     nodes: list[TraceNode]
     tokens: list[TokenRecord]
+    context: Context | None = None
+    """The rollout span's trace context (telemetry on): its events are published in it."""
 
     def events(self) -> list[Event]:
         """Trace first, rollout last: a consumer that sees the rollout can find its trace."""
         return [*self.nodes, *self.tokens, self.rollout]
+
+
+def trace_parents(outputs: Iterable[RolloutOutput]) -> dict[str, Context | None] | None:
+    """Each output's events by id, with its rollout's trace context (Bus.publish_many)."""
+    if not telemetry.enabled():
+        return None
+    return {e.event_id: out.context for out in outputs for e in out.events()}
 
 
 def rollout_id_of(group_id: str, run_id: str, sample_index: int) -> str:
@@ -72,8 +86,45 @@ class RolloutRunner:
     async def run(
         self, task: TaskPublished, group_id: str, sample_index: int, group_size: int
     ) -> RolloutOutput:
-        env = self.env
+        """One rollout, in a span of its own when telemetry is on (GenAI's invoke_agent: the
+        harness is the agent; its model calls are children)."""
         rollout_id = rollout_id_of(group_id, task.run_id, sample_index)
+        attributes = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": self.env.id,
+            "gen_ai.request.model": self.server.backend.model,
+            "rlbus.rollout_id": rollout_id,
+            "rlbus.group_id": group_id,
+            "rlbus.task_id": task.task_id,
+            "rlbus.sample_index": sample_index,
+        }
+        name = f"invoke_agent {self.env.id}"
+        with telemetry.span(name, SpanKind.INTERNAL, attributes=attributes) as span:
+            out = await self._run(task, rollout_id, group_id, sample_index, group_size)
+            if span is not None:
+                r = out.rollout
+                span.set_attributes(
+                    {
+                        "gen_ai.usage.input_tokens": r.prompt_tokens,
+                        "gen_ai.usage.output_tokens": r.completion_tokens,
+                        "rlbus.status": r.status,
+                        "rlbus.error_kind": r.error_kind,
+                        "rlbus.num_turns": r.num_turns,
+                        "rlbus.max_policy_version": r.max_policy_version,
+                    }
+                )
+                out.context = telemetry.current()
+        return out
+
+    async def _run(
+        self,
+        task: TaskPublished,
+        rollout_id: str,
+        group_id: str,
+        sample_index: int,
+        group_size: int,
+    ) -> RolloutOutput:
+        env = self.env
         prompt = env.taskset.messages(task)
         status, kind, error, completion = "ok", "", "", []
         state: dict = {}

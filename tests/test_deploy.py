@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -98,7 +99,8 @@ def test_services_listen_on_the_compose_network_or_host_loopback_only() -> None:
         for port in service.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
     published = {n for n, s in all_compose_services().items() if s.get("ports")}
-    assert published == {"clickhouse"}  # for `rlbus sql` from the host; Redpanda stays inside
+    # ClickHouse for `rlbus sql` from the host, Grafana for a browser; Redpanda stays inside.
+    assert published == {"clickhouse", "grafana"}
 
 
 def test_no_password_is_committed_in_deploy_files() -> None:
@@ -129,8 +131,77 @@ def test_no_password_is_committed_in_deploy_files() -> None:
             assert not (doc and doc.get("kind") == "Secret"), f"a Secret committed in {manifest}"
 
 
+def bind_mounts(service: str) -> dict[str, Path]:
+    """A compose service's bind mounts: container path -> the file or folder in deploy/."""
+    mounts = {}
+    for volume in all_compose_services()[service].get("volumes", []):
+        source, target, *_ = volume.split(":")
+        if source.startswith("."):
+            mounts[target] = (DEPLOY / source).resolve()
+    return mounts
+
+
+def test_clickhouse_gets_the_housekeeping_and_grafana_user_snippets() -> None:
+    mounts = bind_mounts("clickhouse")
+    logs = mounts["/etc/clickhouse-server/config.d/rlbus-system-logs.xml"]
+    assert logs == DEPLOY / "clickhouse" / "system-logs.xml"  # tested in test_store_housekeeping
+    users = ET.parse(mounts["/etc/clickhouse-server/users.d/rlbus-grafana.xml"]).getroot()
+    profile = users.find("users/grafana/profile").text  # type: ignore[union-attr]
+    assert users.find(f"profiles/{profile}/readonly").text == "1"  # type: ignore[union-attr]
+    grants = [g.text for g in users.findall("users/grafana/grants/query")]
+    assert grants == ["GRANT SELECT ON default.*"]
+    password = users.find("users/grafana/password")
+    assert password is not None and not password.text
+    variable = password.get("from_env")
+    assert variable in all_compose_services()["clickhouse"]["environment"]
+
+
+def grafana_provisioning() -> tuple[dict, dict]:
+    root = bind_mounts("grafana")["/etc/grafana/provisioning"]
+    datasources = yaml.safe_load((root / "datasources" / "clickhouse.yaml").read_text())
+    dashboards = yaml.safe_load((root / "dashboards" / "rlbus.yaml").read_text())
+    return datasources, dashboards
+
+
+def test_grafana_provisions_the_clickhouse_source_and_the_dashboard() -> None:
+    """What Grafana reads at start-up, checked field by field against what it needs (no Docker
+    here: Grafana itself does not load them in this test)."""
+    import json
+
+    services = all_compose_services()
+    grafana = services["grafana"]
+    assert "grafana-clickhouse-datasource" in grafana["environment"]["GF_INSTALL_PLUGINS"]
+    datasources, dashboards = grafana_provisioning()
+    assert datasources["apiVersion"] == 1 and dashboards["apiVersion"] == 1
+    (source,) = datasources["datasources"]
+    assert source["type"] == "grafana-clickhouse-datasource" and source["name"]
+    options = source["jsonData"]
+    assert options["host"] in services and options["protocol"] == "http"
+    assert f"{options['port']}:{options['port']}" in services[options["host"]]["ports"][0]
+    users = ET.parse(DEPLOY / "clickhouse" / "grafana-user.xml").getroot()
+    assert users.find(f"users/{options['username']}") is not None
+    # The password is Grafana's expansion of its own environment, set from deploy/.env.
+    variable = source["secureJsonData"]["password"].removeprefix("$").strip("{}")
+    assert variable in grafana["environment"]
+    assert grafana["environment"][variable] == services["clickhouse"]["environment"][variable]
+    (provider,) = dashboards["providers"]
+    assert provider["type"] == "file"
+    mounted = bind_mounts("grafana")
+    path = provider["options"]["path"]
+    files = [target for target in mounted if str(Path(target).parent) == path]
+    assert files and all(mounted[f].suffix == ".json" and mounted[f].is_file() for f in files)
+    dashboard = json.loads(mounted[files[0]].read_text())
+    assert dashboard["uid"] and dashboard["title"]
+    kinds = {p["datasource"]["type"] for p in dashboard["panels"]}
+    kinds |= {t["datasource"]["type"] for p in dashboard["panels"] for t in p["targets"]}
+    assert kinds == {source["type"]}
+    (variable_source,) = [v for v in dashboard["templating"]["list"] if v["type"] == "datasource"]
+    assert variable_source["query"] == source["type"]
+
+
 def test_grafana_panels_query_the_real_schema(tmp_path: Path) -> None:
-    """Every panel's SQL runs against a migrated store holding one event of each kind."""
+    """Every panel's SQL runs against a migrated store holding one event of each kind, through
+    the read-only guard (Grafana's user is read-only too)."""
     import json
 
     from factories import make_event
@@ -141,9 +212,11 @@ def test_grafana_panels_query_the_real_schema(tmp_path: Path) -> None:
     dashboard = json.loads((DEPLOY / "grafana" / "rlbus.json").read_text())
     queries = [t["rawSql"] for p in dashboard["panels"] for t in p["targets"]]
     queries.append(next(v for v in dashboard["templating"]["list"] if v["name"] == "run")["query"])
-    with open_store(f"chdb://{tmp_path / 'store'}") as store:
+    url = f"chdb://{tmp_path / 'store'}"
+    with open_store(url) as store:
         for i, kind in enumerate(EVENT_TYPES):
             store.insert_events([make_event(kind, 1, run_id="r1")], [(0, i)], f"t{i}")
+    with open_store(url, read_only=True) as reader:
         for sql in queries:
-            rows = store.query(sql.replace("${run}", "r1")).rows
+            rows = reader.query(sql.replace("${run}", "r1")).rows
             assert rows, f"no rows from: {sql}"

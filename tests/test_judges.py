@@ -357,3 +357,42 @@ async def test_the_orchestrator_leaves_judge_nodes_alone(settings: Settings) -> 
         await running
     assert list(o.joiner.parts[scoring].nodes) == ["n1"]
     assert [d.event.node_id for d in o.held[scoring]] == ["n1"]  # type: ignore[attr-defined]
+
+
+async def test_judge_calls_are_chat_spans_of_the_scoring(
+    grader: tuple[ScriptedServer, Grader],
+) -> None:
+    """With telemetry on, each judge call is a GenAI chat span inside the scoring's span."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from rlbus.bus import telemetry
+
+    server, _ = grader
+    scorer = Scorer(quiz(f"{server.url}/v1"))
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry.use_tracer(provider.get_tracer("test"))
+    try:
+        scoring = await scorer.scoring([rollout(0, "Paris"), rollout(1, "Lyon")])
+    finally:
+        telemetry.use_tracer(None)
+        await scorer.aclose()
+    spans = exporter.get_finished_spans()
+    (score,) = [s for s in spans if s.name == "score quiz"]
+    calls = [s for s in spans if s.name == "chat grader"]
+    assert len(calls) == 4  # two judges, two rollouts
+    for call in calls:
+        assert call.parent is not None and call.parent.span_id == score.context.span_id
+        attrs = dict(call.attributes or {})
+        assert (
+            attrs["gen_ai.operation.name"] == "chat" and attrs["gen_ai.request.model"] == "grader"
+        )
+        assert attrs["gen_ai.usage.input_tokens"] > 0 and attrs["gen_ai.usage.output_tokens"] > 0
+        assert attrs["rlbus.judge"] in ("ReferenceJudge", "RubricJudge")
+    results = {e.attributes["rlbus.rollout_id"]: e.attributes for e in score.events}
+    assert {r: a["gen_ai.evaluation.score.value"] for r, a in results.items()} == {
+        s.rollout_id: s.reward for s in scoring.scored
+    }

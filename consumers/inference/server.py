@@ -25,12 +25,14 @@ from functools import lru_cache
 from typing import Any
 
 import msgspec
+from opentelemetry.trace import SpanKind
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rlbus.bus import telemetry
 from rlbus.clients import openai_wire as wire
 from rlbus.clients.renderer import Renderer, RendererError
 from rlbus.clients.token_api import DELTA, ERROR, RESULT, GenerateRequest, ScoreRequest
@@ -59,6 +61,45 @@ MAX_VERSION_HEADER = "x-rlbus-policy-version-max"
 class UnknownModelError(RequestError):
     code = "model_not_found"
     param = "model"
+
+
+OPERATIONS = {"/v1/chat/completions": "chat", "/v1/generate": "text_completion"}
+"""GenAI operation names of the routes that sample."""
+
+
+class _Traced:
+    """A server span per sampling request, continuing the caller's trace (W3C headers: the
+    interception server's model call), so a rollout's trace reaches inference; it spans a
+    streamed response to its end. Nothing is done while telemetry is off."""
+
+    def __init__(self, app: ASGIApp, model_name: str) -> None:
+        self.app = app
+        self.model_name = model_name
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        operation = OPERATIONS.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if operation is None or not telemetry.enabled():
+            await self.app(scope, receive, send)
+            return
+        headers = [(k.decode("latin-1"), v) for k, v in scope.get("headers", ())]
+        attributes = {
+            "gen_ai.operation.name": operation,
+            "gen_ai.provider.name": "rlbus",
+            "gen_ai.request.model": self.model_name,
+        }
+        parent = telemetry.extract_context(headers)
+        name = f"{operation} {self.model_name}"
+        with telemetry.span(name, SpanKind.SERVER, parent, attributes) as span:
+
+            async def traced_send(message: Message) -> None:
+                if message["type"] == "http.response.start" and span is not None:
+                    span.set_attribute("http.response.status_code", message["status"])
+                    for k, v in message.get("headers", ()):
+                        if k == VERSION_HEADER.encode():
+                            span.set_attribute("rlbus.policy_version", int(v))
+                await send(message)
+
+            await self.app(scope, receive, traced_send)
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -275,4 +316,4 @@ def create_app(
         },
         lifespan=lifespan,
     )
-    return _VersionHeader(app, lambda: backend.policy_version)
+    return _Traced(_VersionHeader(app, lambda: backend.policy_version), model_name)

@@ -18,7 +18,7 @@ import logging
 import time
 from typing import cast
 
-from rlbus.bus import Bus, Delivery
+from rlbus.bus import Bus, Delivery, telemetry
 from rlbus.config import Settings
 from rlbus.producers.environment.loader import Environment
 from rlbus.producers.environment.scoring import Scorer
@@ -72,11 +72,18 @@ class Judge:
         """Score the groups, publish the scores, then let their messages be committed."""
         rollouts = [[cast(RolloutCompleted, d.event) for d in group] for group in groups]
         results = await asyncio.gather(
-            *(self.scorers[group[0].env].scoring(group, failed) for group in rollouts)
+            *(
+                self.scorers[rs[0].env].scoring(
+                    rs, failed, **telemetry.joining(d.headers for d in group)
+                )
+                for rs, group in zip(rollouts, groups, strict=True)
+            )
         )
         events = [e for scoring in results for e in scoring.events()]
         if events:
-            await self.bus.publish_many(events)
+            traced = telemetry.enabled()
+            parents = {k: v for s in results for k, v in s.parents().items()} if traced else None
+            await self.bus.publish_many(events, parents)
             self.scored += sum(len(scoring.scored) for scoring in results)
         for group in groups:
             for delivery in group:

@@ -14,8 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+from opentelemetry.trace import SpanKind
 
-from rlbus.bus import Bus, Delivery
+from rlbus.bus import Bus, Delivery, telemetry
 from rlbus.bus.replay import read_back
 from rlbus.config.orchestrator import OrchestratorConfig
 from rlbus.consumers.orchestrator.algorithms import Algorithm
@@ -332,26 +333,34 @@ class Orchestrator:
         self.counted = Counts(**vars(self.counts))
         rewards = [r for g in taken for r in g.rewards]
         batch_id = derived_id(self.run_id, "batch", self.step)
-        await self.bus.publish(
-            TrainBatch(
-                event_id=batch_id,
-                run_id=self.run_id,
-                batch_id=batch_id,
-                step=self.step,
-                samples=fresh.kept,
-                # The registry's names (what run configs say), of the groups in this batch.
-                algorithm="+".join(sorted({self.algorithms[g.env].cfg.name for g in taken})),
-                num_tokens=sum(len(tokens(s.input_ids)) for s in fresh.kept),
-                min_policy_version=min(versions),
-                max_policy_version=max(versions),
-                dropped_stale=fresh.dropped,
-                metrics={
-                    **since,
-                    "batch_groups": float(len(taken)),
-                    "mean_reward": float(np.mean(rewards)) if rewards else 0.0,
-                },
-            )
+        batch = TrainBatch(
+            event_id=batch_id,
+            run_id=self.run_id,
+            batch_id=batch_id,
+            step=self.step,
+            samples=fresh.kept,
+            # The registry's names (what run configs say), of the groups in this batch.
+            algorithm="+".join(sorted({self.algorithms[g.env].cfg.name for g in taken})),
+            num_tokens=sum(len(tokens(s.input_ids)) for s in fresh.kept),
+            min_policy_version=min(versions),
+            max_policy_version=max(versions),
+            dropped_stale=fresh.dropped,
+            metrics={
+                **since,
+                "batch_groups": float(len(taken)),
+                "mean_reward": float(np.mean(rewards)) if rewards else 0.0,
+            },
         )
+        # The batch continues its first rollout's trace and links to every rollout's score.
+        scores = (d.headers for r in taken_ids for d in self.held.get(r, ()) if d.topic == "scored")
+        attributes = {"rlbus.batch_id": batch_id, "rlbus.step": self.step}
+        with telemetry.span(
+            f"batch {self.step}",
+            SpanKind.PRODUCER,
+            attributes=attributes,
+            **telemetry.joining(scores),
+        ):
+            await self.bus.publish(batch)
         # Acknowledged by the broker: the batch is the record now, its inputs may be committed.
         self.batched.update(taken_ids)
         self._release(taken_ids)

@@ -15,7 +15,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rlbus.bus import Bus, Delivery
+from opentelemetry.trace import SpanKind
+
+from rlbus.bus import Bus, Delivery, telemetry
 from rlbus.consumers.heartbeat import keep_announcing
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, TrainerState
 from rlbus.consumers.trainer.engine import StepResult
@@ -108,7 +110,11 @@ class TrainerWorker:
                 )
                 await self._announce()
                 continue
-            await self.train(batch)
+            # The step continues the batch's trace (and so its first rollout's).
+            parent = telemetry.extract_context(delivery.headers) if telemetry.enabled() else None
+            attributes = {"rlbus.batch_id": batch.batch_id, "rlbus.step": batch.step}
+            with telemetry.span(f"train step {batch.step}", SpanKind.CONSUMER, parent, attributes):
+                await self.train(batch)
 
     async def train(self, batch: TrainBatch) -> None:
         fresh = filter_stale(batch.samples, self.state.step, self.max_off_policy_steps)

@@ -30,6 +30,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.trace import SpanKind
+
+from rlbus.bus import telemetry
 from rlbus.clients.chat import ChatAnswer, ChatClient, ChatError
 from rlbus.schemas import RolloutScored, TraceNode, derived_id
 from rlbus.schemas.messages import text_of
@@ -181,9 +184,7 @@ class LLMJudge:
         for attempt in range(1, self.retries + 2):
             try:
                 async with slots:
-                    answer = await client.complete(
-                        messages, temperature=self.temperature, max_tokens=self.max_tokens
-                    )
+                    answer = await self._complete(client, messages, attempt)
             except ChatError as exc:
                 problem = str(exc)
                 if 400 <= exc.status < 500 and exc.status not in (408, 429):
@@ -200,6 +201,36 @@ class LLMJudge:
             return call.grade
         tries = "1 attempt" if attempt == 1 else f"{attempt} attempts"
         raise JudgeError(f"{self.name} ({self.model} at {self.base_url}), {tries}: {problem}")
+
+    async def _complete(
+        self, client: ChatClient, messages: list[dict[str, Any]], attempt: int
+    ) -> ChatAnswer:
+        """One call, in a GenAI chat span of the scoring when telemetry is on."""
+        attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "openai",  # any OpenAI-compatible endpoint
+            "gen_ai.request.model": self.model,
+            "gen_ai.request.temperature": self.temperature,
+            "gen_ai.request.max_tokens": self.max_tokens,
+            "server.address": self.base_url,
+            "rlbus.judge": self.name,
+            "rlbus.attempt": attempt,
+        }
+        with telemetry.span(f"chat {self.model}", SpanKind.CLIENT, attributes=attributes) as span:
+            answer = await client.complete(
+                messages, temperature=self.temperature, max_tokens=self.max_tokens
+            )
+            if span is not None:
+                span.set_attributes(
+                    {
+                        "gen_ai.response.model": answer.model,
+                        "gen_ai.response.finish_reasons": [answer.finish_reason],
+                        "gen_ai.usage.input_tokens": answer.prompt_tokens,
+                        "gen_ai.usage.output_tokens": answer.completion_tokens,
+                        "rlbus.policy_version": answer.policy_version,
+                    }
+                )
+        return answer
 
     async def grade(self, **fields: Any) -> float:
         """Ask with the prompt filled from `fields`; the parsed grade."""

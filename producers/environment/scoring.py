@@ -19,6 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, SpanKind
+
+from rlbus.bus import telemetry
 from rlbus.producers.environment.judges import RECORDING, JudgeCall, scoring_trace
 from rlbus.producers.environment.loader import Environment
 from rlbus.producers.environment.rules import Rule
@@ -138,9 +142,15 @@ class Scoring:
 
     scored: list[RolloutScored]
     trace: list[TraceNode]
+    context: Context | None = None
+    """The scoring span's trace context (telemetry on): its events are published in it."""
 
     def events(self) -> list[Event]:
         return [*self.trace, *self.scored]
+
+    def parents(self) -> dict[str, Context | None]:
+        """Its events by id, with its trace context (Bus.publish_many)."""
+        return {e.event_id: self.context for e in self.events()}
 
 
 class Scorer:
@@ -228,9 +238,40 @@ class Scorer:
         rollouts: Sequence[RolloutCompleted],
         failed: str = "",
         only: set[str] | None = None,
+        parent: Context | None = None,
+        linked: Sequence[Link] = (),
     ) -> Scoring:
         """`score`, with the trace of the judge calls behind the scores. `only`: the rollout
-        ids to publish scores of (group rewards still see every rollout given)."""
+        ids to publish scores of (group rewards still see every rollout given). With telemetry
+        on it runs in a span (child of `parent`, the current context by default; linked to
+        the rollouts it scores) holding a gen_ai.evaluation.result event per score."""
+        first = rollouts[0] if rollouts else None
+        attributes = {
+            "rlbus.env": self.env.id,
+            "rlbus.group_id": first.group_id if first else "",
+            "rlbus.scorer_version": self.version,
+            "rlbus.rollouts": len(rollouts),
+        }
+        name = f"score {self.env.id}"
+        with telemetry.span(name, SpanKind.INTERNAL, parent, attributes, linked) as span:
+            scoring = await self._scoring(rollouts, failed, only)
+            if span is not None:
+                for scored in scoring.scored:
+                    span.add_event(
+                        "gen_ai.evaluation.result",
+                        {
+                            "gen_ai.evaluation.name": "reward",
+                            "gen_ai.evaluation.score.value": scored.reward,
+                            "rlbus.rollout_id": scored.rollout_id,
+                            "rlbus.status": scored.status,
+                        },
+                    )
+                scoring.context = telemetry.current()
+        return scoring
+
+    async def _scoring(
+        self, rollouts: Sequence[RolloutCompleted], failed: str, only: set[str] | None
+    ) -> Scoring:
         ordered = sorted(rollouts, key=lambda r: r.sample_index)
         cards = [
             _Card(r, rollout_arguments(r), error=failed or r.error or f"rollout {r.status}")

@@ -66,6 +66,8 @@ class RolloutSession:
         self.rollout_id = rollout_id
         self.token = token
         self.trace = Trace(rollout_id)
+        self.context = telemetry.current()
+        """The rollout's trace context: its model calls arrive on the server's own tasks."""
         self.private = False
         """Served on a listener of its own (`serving`): its token is refused anywhere else."""
         root = f"{server.url}/r/{token}"
@@ -121,7 +123,7 @@ class RolloutSession:
             **{k: v for k, v in requested.items() if v is not None},
         }
         with telemetry.span(
-            f"chat {server.backend.model}", SpanKind.CLIENT, attributes=attributes
+            f"chat {server.backend.model}", SpanKind.CLIENT, self.context, attributes
         ) as span:
             try:
                 if pieces:
@@ -148,6 +150,11 @@ class RolloutSession:
                         "gen_ai.usage.output_tokens": result.completion_tokens,
                         "rlbus.call_index": recorded.index,
                         "rlbus.policy_version": result.policy_version,
+                        # Token level (exact ids are recorded when the backend returns them):
+                        # how many, and the completion's log-likelihood under its policy.
+                        "rlbus.tokens.prompt_ids": len(result.prompt_ids),
+                        "rlbus.tokens.completion_ids": len(result.completion_ids),
+                        "rlbus.tokens.logprob_sum": float(sum(result.logprobs)),
                     }
                 )
         yield result

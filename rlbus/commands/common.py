@@ -54,9 +54,18 @@ def exits_on(*errors: type[BaseException], code: int = 2) -> Iterator[None]:
 
 
 def settings_from(ctx: typer.Context, config: Path | None, model: type[S] = Settings) -> S:  # type: ignore[assignment]
-    """Load settings or exit with the offending fields named."""
+    """Load settings or exit with the offending fields named; telemetry is set up from them
+    (service `rlbus.COMMAND`, e.g. rlbus.eval, rlbus.tasks.publish, rlbus.env for a worker)."""
     with exits_on(ConfigError):
-        return load_settings(config, list(ctx.args), model=model)  # type: ignore[return-value]
+        settings = load_settings(config, list(ctx.args), model=model)
+    setup_telemetry(settings.telemetry, command_name(ctx))
+    return settings  # type: ignore[return-value]
+
+
+def command_name(ctx: typer.Context) -> str:
+    """The command's words after `rlbus` (a worker's: its role), joined with dots."""
+    words = ctx.command_path.split()[1:]
+    return ".".join(words[1:] if words[:1] == ["worker"] else words) or "rlbus"
 
 
 def start_role(settings: S, role: str) -> S:

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.progress import TextColumn
 
+from rlbus.bus.telemetry import setup_telemetry
 from rlbus.commands.common import (
     OVERRIDES,
     OVERRIDES_HELP,
@@ -44,6 +45,7 @@ def run(ctx: typer.Context, config: ConfigArgument, resume: ResumeOption = False
 
     with exits_on(ConfigError):
         cfg = load_run_config(config, list(ctx.args))
+    setup_telemetry(cfg.telemetry, "run")
     checkpoints = CheckpointStore(cfg.checkpoint_url())
     if resume and not checkpoints.exists():
         raise fail(

@@ -10,7 +10,6 @@ from typing import Annotated
 
 import typer
 
-from rlbus.bus.telemetry import setup_telemetry
 from rlbus.commands.common import (
     OVERRIDES,
     OVERRIDES_HELP,
@@ -78,7 +77,6 @@ def publish(
 ) -> None:
     """Publish tasks to the `tasks` topic, with a progress bar."""
     settings = require_bootstrap(settings_from(ctx, config))
-    setup_telemetry(settings.telemetry, "tasks")
     run = run_id or settings.run_id
     _quiet_hub()
     renames = _columns(columns or [])
