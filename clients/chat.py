@@ -23,7 +23,7 @@ import openai
 from opentelemetry import propagate
 
 _json = msgspec.json.Encoder()
-_JSON_BODY: openai.RequestOptions = {"headers": {"Content-Type": "application/json"}}
+_JSON = {"Content-Type": "application/json"}
 
 POLICY_VERSION_HEADER = "x-rlbus-policy-version"
 """On every response of rlbus's inference server (rlbus.consumers.inference.server)."""
@@ -98,19 +98,18 @@ class ChatClient:
 
     async def _options(
         self, tools: list[dict[str, Any]] | None, logprobs: bool, sampling: dict[str, Any]
-    ) -> tuple[bool, dict[str, Any]]:
+    ) -> tuple[bool, dict[str, Any], dict[str, str]]:
+        """Whether the endpoint is rlbus's, the request's body fields and its extra headers."""
         rlbus = await self.rlbus_served()
         options = {k: v for k, v in sampling.items() if v is not None}
         if tools:
             options["tools"] = tools
         if logprobs or rlbus:
             options["logprobs"] = True
+        headers: dict[str, str] = {}
         if rlbus:  # W3C trace context: rlbus's inference server continues the caller's trace
-            carrier: dict[str, str] = {}
-            propagate.inject(carrier)
-            if carrier:
-                options["extra_headers"] = carrier
-        return rlbus, options
+            propagate.inject(headers)
+        return rlbus, options, headers
 
     def _error(self, exc: openai.APIError) -> ChatError:
         if isinstance(exc, openai.APIStatusError):
@@ -128,7 +127,7 @@ class ChatClient:
         **sampling: Any,
     ) -> ChatAnswer:
         """`sampling`: temperature, top_p, max_tokens, stop, seed (None values are left out)."""
-        rlbus, options = await self._options(tools, logprobs, sampling)
+        rlbus, options, headers = await self._options(tools, logprobs, sampling)
         if rlbus:
             options["return_token_ids"] = True
         body = _json.encode({"model": self.model, "messages": messages, **options})
@@ -138,7 +137,10 @@ class ChatClient:
             # response models were most of its CPU per call (1.1 of 2.6 ms, on the scripted
             # server); its retries, headers and errors stay.
             raw = await self.client.post(
-                "/chat/completions", cast_to=httpx2.Response, content=body, options=_JSON_BODY
+                "/chat/completions",
+                cast_to=httpx2.Response,
+                content=body,
+                options={"headers": {**_JSON, **headers}},
             )
         except openai.APIError as exc:
             raise self._error(exc) from exc
@@ -170,7 +172,7 @@ class ChatClient:
     ) -> AsyncIterator[str | ChatAnswer]:
         """The completion as the endpoint streams it: each text delta as it comes, then the
         whole answer (token ids are not streamed: a stream records text, usage and log-probs)."""
-        _, options = await self._options(tools, logprobs, sampling)
+        _, options, headers = await self._options(tools, logprobs, sampling)
         text: list[str] = []
         calls: dict[int, dict[str, str]] = {}
         entries: list[float] = []
@@ -182,6 +184,7 @@ class ChatClient:
                 messages=messages,  # type: ignore[arg-type]
                 stream=True,
                 stream_options={"include_usage": True},
+                extra_headers=headers or None,
                 **options,
             )
             async with chunks:

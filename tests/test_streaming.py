@@ -64,10 +64,13 @@ class Arrivals:
         return "".join(self.pieces)
 
     def streamed(self, at_least: int) -> None:
-        """The text came in at least `at_least` pieces, the first well before the last."""
+        """The text came in at least `at_least` pieces, spread over a good part of the call: a
+        buffered answer's pieces all arrive at its end, within moments of each other. (The
+        first piece's own wait, start-up included, is no part of it: on a loaded machine it
+        can be most of the call.)"""
         assert len(self.pieces) >= at_least, self.pieces
         first, last = self.times[0], self.times[-1]
-        assert first < last / 2, (first, last)
+        assert last - first > last / 4, (first, last)
 
 
 async def test_inference_server_streams_chat_as_tokens_are_sampled(inference: str) -> None:
