@@ -8,9 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from isolated import isolated_settings
 
 from rlbus.bus import EmbeddedBroker
-from rlbus.config import Settings, load_settings
+from rlbus.config import Settings
 
 
 @pytest.fixture(scope="session")
@@ -23,15 +24,4 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
 @pytest.fixture
 def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
     """Settings for one test: the session broker, a fresh topic prefix and a tmp store path."""
-    return load_settings(
-        overrides={
-            "run_id": f"run-{uuid.uuid4().hex[:8]}",
-            "kafka": {
-                "bootstrap_servers": broker.bootstrap_servers,
-                "topic_prefix": f"t{uuid.uuid4().hex[:8]}.",
-                "partitions": 2,
-            },
-            "store": {"url": f"chdb://{tmp_path / 'store'}", "flush_interval_s": 0.2},
-            "claim_check": {"url": str(tmp_path / "claims")},
-        }
-    )
+    return isolated_settings(broker, tmp_path, run_id=f"run-{uuid.uuid4().hex[:8]}")

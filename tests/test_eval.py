@@ -12,18 +12,16 @@ from pathlib import Path
 
 import pytest
 import typer
+from isolated import isolated_settings, running_sink
 from typer.testing import CliRunner
 
 from rlbus.bus import EmbeddedBroker
 from rlbus.bus.server_thread import ServerThread
 from rlbus.bus.store import open_store
-from rlbus.bus.waiting import wait_for
 from rlbus.commands import eval as eval_command
-from rlbus.config import Settings, load_settings
+from rlbus.config import Settings
 from rlbus.config.env import cli_overrides
-from rlbus.discovery import store_served_elsewhere
 from rlbus.launch.evaluation import EvalResult, run_eval
-from rlbus.launch.processes import RoleProcess, alive
 from rlbus.producers.environment import load_environment
 from rlbus.schemas import TokenRecord, TraceNode
 from rlbus.schemas.packed import mask, tokens
@@ -38,28 +36,9 @@ def settings(
     broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Settings]:
     root = tmp_path_factory.mktemp("eval")
-    settings = load_settings(
-        overrides={
-            "kafka": {
-                "bootstrap_servers": broker.bootstrap_servers,
-                "topic_prefix": f"t{uuid.uuid4().hex[:8]}.",
-                "partitions": 2,
-            },
-            "store": {"url": f"chdb://{root / 'store'}", "flush_interval_s": 0.1},
-            "claim_check": {"url": str(root / "claims")},
-        }
-    )
-    sink = RoleProcess("sink", settings, root / "logs")
-    try:
-        wait_for(
-            lambda: store_served_elsewhere(settings),
-            60,
-            "the sink to serve the store",
-            check=alive(sink),
-        )
+    settings = isolated_settings(broker, root, flush_interval_s=0.1)
+    with running_sink(settings, root / "logs"):
         yield settings
-    finally:
-        sink.stop()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from faststream.kafka import KafkaBroker
 from faststream.security import BaseSecurity, SASLScram512
+from isolated import isolated_settings
 
 from rlbus.bus import Bus, EmbeddedBroker
 from rlbus.bus.claim_check import HEADER as CLAIM_HEADER
@@ -28,7 +28,7 @@ from rlbus.bus.messages import CONTENT_TYPE, KIND, to_message
 from rlbus.bus.replay import read_back, read_records
 from rlbus.bus.store import open_store
 from rlbus.bus.waiting import wait_for
-from rlbus.config import KafkaConfig, Settings, load_settings, settings_env
+from rlbus.config import KafkaConfig, Settings, settings_env
 from rlbus.config.env import cli_overrides
 from rlbus.discovery import store_served_elsewhere
 from rlbus.launch.evaluation import run_eval
@@ -197,17 +197,7 @@ def test_example_app_scores_a_live_eval_and_rlbus_stores_its_scores(
 ) -> None:
     """examples/faststream_app run with `faststream run` beside `rlbus eval`: it consumes the
     rollouts the eval publishes, and the sink (an rlbus role) stores the scores it publishes."""
-    settings = load_settings(
-        overrides={
-            "kafka": {
-                "bootstrap_servers": broker.bootstrap_servers,
-                "topic_prefix": f"t{uuid.uuid4().hex[:8]}.",
-                "partitions": 2,
-            },
-            "store": {"url": f"chdb://{tmp_path / 'store'}", "flush_interval_s": 0.1},
-            "claim_check": {"url": str(tmp_path / "claims")},
-        }
-    )
+    settings = isolated_settings(broker, tmp_path, flush_interval_s=0.1)
     sink = RoleProcess("sink", settings, tmp_path / "logs")
     log = tmp_path / "logs" / "app.log"
     env = {**os.environ, **settings_env(settings), "ALERT_BELOW": "2", "PYTHONUNBUFFERED": "1"}

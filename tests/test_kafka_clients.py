@@ -14,13 +14,12 @@ from pathlib import Path
 
 import confluent_kafka
 import pytest
+from isolated import isolated_settings, running_sink
 
 from rlbus.bus import Bus, EmbeddedBroker
 from rlbus.bus.store import open_store
 from rlbus.bus.waiting import wait_for
-from rlbus.config import Settings, load_settings
-from rlbus.discovery import store_served_elsewhere
-from rlbus.launch.processes import RoleProcess, alive
+from rlbus.config import Settings
 from rlbus.schemas import TaskPublished, decode
 
 KCAT = shutil.which("kcat")
@@ -32,24 +31,10 @@ def settings(
     broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Settings]:
     root = tmp_path_factory.mktemp("clients")
-    settings = load_settings(
-        overrides={
-            "kafka": {
-                "bootstrap_servers": broker.bootstrap_servers,
-                "topic_prefix": f"t{uuid.uuid4().hex[:8]}.",
-                "partitions": 2,
-            },
-            "store": {"url": f"chdb://{root / 'store'}", "flush_interval_s": 0.1},
-            "claim_check": {"url": str(root / "claims")},
-        }
-    )
-    sink = RoleProcess("sink", settings, root / "logs")
-    try:
-        wait_for(lambda: store_served_elsewhere(settings), 60, "the sink", check=alive(sink))
+    settings = isolated_settings(broker, root, flush_interval_s=0.1)
+    with running_sink(settings, root / "logs"):
         asyncio.run(_ensure_topics(settings))
         yield settings
-    finally:
-        sink.stop()
 
 
 async def _ensure_topics(settings: Settings) -> None:

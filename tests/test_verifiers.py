@@ -11,19 +11,16 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from isolated import isolated_settings, running_sink
 
 from rlbus.bus import EmbeddedBroker
 from rlbus.bus.store import open_store
-from rlbus.bus.waiting import wait_for
-from rlbus.config import ConfigError, Settings, load_settings, settings_env
-from rlbus.discovery import store_served_elsewhere
-from rlbus.launch.processes import RoleProcess, alive
+from rlbus.config import ConfigError, Settings, settings_env
 from rlbus.producers.environment import Environment, Scorer, load_environment
 from rlbus.producers.environment.verifiers import plain_messages
 from rlbus.producers.interception import InterceptionServer
@@ -278,23 +275,9 @@ def eval_settings(
     broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Settings]:
     root = tmp_path_factory.mktemp("vf-eval")
-    settings = load_settings(
-        overrides={
-            "kafka": {
-                "bootstrap_servers": broker.bootstrap_servers,
-                "topic_prefix": f"t{uuid.uuid4().hex[:8]}.",
-                "partitions": 2,
-            },
-            "store": {"url": f"chdb://{root / 'store'}", "flush_interval_s": 0.1},
-            "claim_check": {"url": str(root / "claims")},
-        }
-    )
-    sink = RoleProcess("sink", settings, root / "logs")
-    try:
-        wait_for(lambda: store_served_elsewhere(settings), 60, "the sink", check=alive(sink))
+    settings = isolated_settings(broker, root, flush_interval_s=0.1)
+    with running_sink(settings, root / "logs"):
         yield settings
-    finally:
-        sink.stop()
 
 
 def test_rlbus_eval_of_a_verifiers_environment_end_to_end(eval_settings: Settings) -> None:

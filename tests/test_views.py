@@ -13,12 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from isolated import isolated_settings
 from test_sink import publish, start_sink
 
 from rlbus.bus import EmbeddedBroker
 from rlbus.bus.store import Store, open_store
 from rlbus.bus.waiting import wait_for
-from rlbus.config import Settings, load_settings
+from rlbus.config import Settings
 from rlbus.launch.processes import alive
 from rlbus.schemas import (
     DeadLetter,
@@ -154,18 +155,7 @@ def build(run: str, other: str) -> Data:
 
 def module_settings(broker: EmbeddedBroker, tmp: Path) -> Settings:
     """What conftest's `settings` gives a test, for a module's shared store."""
-    return load_settings(
-        overrides={
-            "run_id": f"run-{uuid.uuid4().hex[:8]}",
-            "kafka": {
-                "bootstrap_servers": broker.bootstrap_servers,
-                "topic_prefix": f"t{uuid.uuid4().hex[:8]}.",
-                "partitions": 2,
-            },
-            "store": {"url": f"chdb://{tmp / 'store'}", "flush_interval_s": 0.2},
-            "claim_check": {"url": str(tmp / "claims")},
-        }
-    )
+    return isolated_settings(broker, tmp, run_id=f"run-{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture(scope="module")

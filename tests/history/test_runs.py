@@ -4,20 +4,18 @@ were started for, and skip (and count) other runs' tasks; an eval's tasks are it
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from isolated import isolated_settings, running_sink
 
 from rlbus.bus import Bus, EmbeddedBroker
 from rlbus.bus.store import open_store
-from rlbus.bus.waiting import wait_for, wait_until
-from rlbus.config import Settings, load_settings
+from rlbus.bus.waiting import wait_until
+from rlbus.config import Settings
 from rlbus.config.env import cli_overrides
-from rlbus.discovery import store_served_elsewhere
 from rlbus.launch.evaluation import run_eval
-from rlbus.launch.processes import RoleProcess, alive
 from rlbus.producers.env_producer import run_env_producer
 from rlbus.producers.environment import load_environment
 from rlbus.schemas import TaskPublished
@@ -28,23 +26,9 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reverse_text"
 
 @pytest.fixture
 def sinked(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Settings]:
-    settings = load_settings(
-        overrides={
-            "kafka": {
-                "bootstrap_servers": broker.bootstrap_servers,
-                "topic_prefix": f"t{uuid.uuid4().hex[:8]}.",
-                "partitions": 2,
-            },
-            "store": {"url": f"chdb://{tmp_path / 'store'}", "flush_interval_s": 0.1},
-            "claim_check": {"url": str(tmp_path / "claims")},
-        }
-    )
-    sink = RoleProcess("sink", settings, tmp_path / "logs")
-    try:
-        wait_for(lambda: store_served_elsewhere(settings), 60, "the sink", check=alive(sink))
+    settings = isolated_settings(broker, tmp_path, flush_interval_s=0.1)
+    with running_sink(settings, tmp_path / "logs"):
         yield settings
-    finally:
-        sink.stop()
 
 
 def query(settings: Settings, sql: str, **params: object) -> list[tuple]:
