@@ -34,6 +34,14 @@ ConfigOption = Annotated[
     ),
 ]
 
+ScorerVersionOption = Annotated[
+    str,
+    typer.Option(
+        "--scorer-version",
+        help="Scores of this scorer version (default: each rollout's newest score).",
+    ),
+]
+
 T = TypeVar("T")
 S = TypeVar("S", bound=Settings)
 

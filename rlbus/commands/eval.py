@@ -9,7 +9,14 @@ from typing import Annotated, Literal
 import typer
 from rich.table import Table
 
-from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, exits_on, settings_from
+from rlbus.commands.common import (
+    OVERRIDES,
+    OVERRIDES_HELP,
+    ConfigOption,
+    ScorerVersionOption,
+    exits_on,
+    settings_from,
+)
 from rlbus.config import ConfigError
 from rlbus.config.env import cli_overrides
 from rlbus.console import console
@@ -139,13 +146,7 @@ def eval_command(
     pass_threshold: Annotated[
         float, typer.Option(help="A rollout passes (for pass@k) when its reward is at least this.")
     ] = 1.0,
-    scorer_version: Annotated[
-        str | None,
-        typer.Option(
-            help="The scorer version the summary reads (default: each rollout's newest "
-            "score; `rlbus rescore` adds versions)."
-        ),
-    ] = None,
+    scorer_version: ScorerVersionOption = "",
     config: ConfigOption = None,
 ) -> None:
     """Evaluate a model on an environment: live progress, a summary table, every event stored."""
@@ -164,7 +165,7 @@ def eval_command(
             run_id=run_id,
             resume=resume,
             pass_threshold=pass_threshold,
-            scorer_version=scorer_version,
+            scorer_version=scorer_version or None,
         )
     render(result, env)
 

@@ -8,7 +8,14 @@ from typing import Annotated, cast
 
 import typer
 
-from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, exits_on, settings_from
+from rlbus.commands.common import (
+    OVERRIDES,
+    OVERRIDES_HELP,
+    ConfigOption,
+    ScorerVersionOption,
+    exits_on,
+    settings_from,
+)
 from rlbus.console import console
 
 
@@ -39,13 +46,7 @@ def export_command(
         typer.Option("--out", help="File to write (default: rlbus-export.FORMAT here)."),
     ] = None,
     run_id: Annotated[str | None, typer.Option("--run", help="Only rollouts of this run.")] = None,
-    scorer_version: Annotated[
-        str,
-        typer.Option(
-            "--scorer-version",
-            help="Scores of this scorer version (default: each rollout's newest score).",
-        ),
-    ] = "",
+    scorer_version: ScorerVersionOption = "",
     config: ConfigOption = None,
 ) -> None:
     """Write stored rollouts as a data set: OpenAI chat format (messages with tool calls, the

@@ -8,7 +8,14 @@ from typing import Annotated
 
 import typer
 
-from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, exits_on, settings_from
+from rlbus.commands.common import (
+    OVERRIDES,
+    OVERRIDES_HELP,
+    ConfigOption,
+    ScorerVersionOption,
+    exits_on,
+    settings_from,
+)
 from rlbus.console import console
 
 
@@ -19,13 +26,7 @@ def report_command(
         Path | None,
         typer.Option("--out", help="Directory to write into (default: rlbus-report-RUN here)."),
     ] = None,
-    scorer_version: Annotated[
-        str,
-        typer.Option(
-            "--scorer-version",
-            help="Scores of this scorer version (default: each rollout's newest score).",
-        ),
-    ] = "",
+    scorer_version: ScorerVersionOption = "",
     config: ConfigOption = None,
 ) -> None:
     """A run's report: reward, held-out evaluation, loss, staleness, drops and throughput curves

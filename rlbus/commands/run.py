@@ -14,6 +14,7 @@ from rlbus.commands.common import (
     OVERRIDES,
     OVERRIDES_HELP,
     ConfigOption,
+    ScorerVersionOption,
     exits_on,
     fail,
     settings_from,
@@ -95,13 +96,7 @@ def replay_sft(
         ),
     ] = "reward >= 1",
     run_id: Annotated[str | None, typer.Option("--run", help="Only rollouts of this run.")] = None,
-    scorer_version: Annotated[
-        str,
-        typer.Option(
-            "--scorer-version",
-            help="Select by this scorer version's scores (default: each rollout's newest score).",
-        ),
-    ] = "",
+    scorer_version: ScorerVersionOption = "",
     config: ConfigOption = None,
 ) -> None:
     """SFT on stored rollouts: their exact token ids and loss masks from ClickHouse. Its batches,
