@@ -12,47 +12,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import openai
 
-from rlbus.bus import free_port
-from rlbus.bus.waiting import wait_for
 from rlbus.config import load_settings
 from rlbus.config.env import cli_overrides
 from rlbus.launch.evaluation import run_eval
 from rlbus.producers.environment import load_environment
+from rlbus.testing import serve_in_child
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 
 
 SERVE = "import sys; from rlbus.testing import ScriptedModel, serve; "
 SERVE += "serve(ScriptedModel(record=False), int(sys.argv[1]))"
-
-
-def start_server() -> tuple[subprocess.Popen[bytes], str]:
-    """The scripted model (answers reverse-text tasks correctly) in a child process."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(port)])
-    url = f"http://127.0.0.1:{port}/v1"
-
-    def up() -> bool:
-        try:
-            openai.OpenAI(base_url=url, api_key="x", max_retries=0).models.list()
-            return True
-        except openai.APIConnectionError:
-            return False
-
-    try:
-        wait_for(up, 30, f"the scripted server at {url}", interval_s=0.1)
-    except TimeoutError:
-        proc.kill()
-        raise
-    return proc, url
 
 
 async def plain_loop(url: str, prompts: list[list[dict]], concurrency: int) -> float:
@@ -81,7 +57,7 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=128)
     args = parser.parse_args()
-    server, url = start_server()
+    server, url = serve_in_child(SERVE)
     try:
         env = load_environment(
             str(EXAMPLE), cli_overrides("scripted", url, 1, args.concurrency, None, None)

@@ -19,21 +19,17 @@ import argparse
 import asyncio
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import openai
-
-from rlbus.bus import free_port
-from rlbus.bus.waiting import wait_for
 from rlbus.config import Settings, load_settings
 from rlbus.discovery import local_broker
 from rlbus.launch.evaluation import run_eval
 from rlbus.launch.local_sink import local_sink
 from rlbus.producers.environment import Environment, load_environment
+from rlbus.testing import serve_in_child
 
 ENVS = Path(__file__).resolve().parent.parent / "examples" / "verifiers"
 NAME = "vf_reverse_text"
@@ -50,26 +46,6 @@ def chat(messages, tools):
 
 serve(ScriptedModel(chat=chat, record=False), int(sys.argv[1]))
 """
-
-
-def start_server() -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(port)])
-    url = f"http://127.0.0.1:{port}/v1"
-
-    def up() -> bool:
-        try:
-            openai.OpenAI(base_url=url, api_key="x", max_retries=0).models.list()
-            return True
-        except openai.APIConnectionError:
-            return False
-
-    try:
-        wait_for(up, 60, f"the scripted server at {url}", interval_s=0.1)
-    except TimeoutError:
-        proc.kill()
-        raise
-    return proc, url
 
 
 def cpu_of(pid: int) -> float:
@@ -160,7 +136,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(ENVS))  # the environment installed the way vf-eval finds it
     os.environ.setdefault("OPENAI_API_KEY", "scripted")
-    server, url = start_server()
+    server, url = serve_in_child(SERVE)
     try:
         env = load_environment(
             f"verifiers:{NAME}",

@@ -11,6 +11,9 @@ enough to stand in for an instant model.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +21,9 @@ from typing import Any
 import msgspec
 import uvicorn
 
+from rlbus.bus import free_port
 from rlbus.bus.server_thread import ServerThread
+from rlbus.bus.waiting import wait_for
 from rlbus.clients import openai_wire as wire
 from rlbus.clients.token_api import GenerateRequest, GenerateResult
 from rlbus.schemas.messages import text_of
@@ -164,3 +169,27 @@ def serve(scripted: ScriptedModel, port: int) -> None:
         lifespan="off",
         access_log=False,
     )
+
+
+def serve_in_child(code: str, timeout_s: float = 60) -> tuple[subprocess.Popen[bytes], str]:
+    """Run `code` (Python that ends in `serve(..., int(sys.argv[1]))`) in a child process on a
+    free loopback port; returns the process and the server's /v1 URL once it answers."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", code, str(port)])
+    url = f"http://127.0.0.1:{port}/v1"
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the scripted server exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/models", timeout=5):
+                return True
+        except OSError:
+            return False
+
+    try:
+        wait_for(up, timeout_s, f"the scripted server at {url}", interval_s=0.1)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, url
