@@ -33,10 +33,10 @@ async def test_grpo_raises_reward_after_sft_warm_start(settings: Settings, tmp_p
     teacher = settings.model_copy(update={"run_id": "teacher"})
     assert await recipe.collect_teacher(recipe.REVERSE_TEXT, teacher, init, 512) == 512
     with open_store(settings.store.url, read_only=True) as store:
-        samples = await stored_samples(store, "reward >= 1 AND env = 'reverse_text'", "teacher")
+        stored = await stored_samples(store, "reward >= 1 AND env = 'reverse_text'", "teacher")
     # A short warm start (held-out exact match ~0.3) leaves RL room to show a rise quickly.
     cfg = TrainerConfig.model_validate({"optim": {"lr": 3e-3, "warmup_steps": 10}, "threads": 1})
-    await asyncio.to_thread(train_sft, samples, init, sft, cfg, 90, 64)
+    await asyncio.to_thread(train_sft, stored.samples, init, sft, cfg, 90, 64)
     run = load_settings(
         EXAMPLE / "rl.toml",
         model=RunConfig,
