@@ -8,6 +8,7 @@ loaded again, and its WeightLoaded gets the same derived event id, so the sink k
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterable
 
 from rlbus.consumers.inference.api import InferenceBackend
@@ -32,16 +33,25 @@ class WeightFollower:
     def __init__(self, backend: InferenceBackend, worker_id: str) -> None:
         self.backend = backend
         self.worker_id = worker_id
+        # A worker id outlives restarts (its consumer group resumes); a restarted worker's
+        # loads are new events, so their ids name this process's start too.
+        self.incarnation = uuid.uuid4().hex
+        self.announced: WeightLoaded | None = None
+        """What this follower published for the version it serves: a redelivery gets it back
+        unchanged (the same id with another content would be a conflict)."""
 
     def _loaded(self, event: WeightVersion, load_s: float) -> WeightLoaded:
-        return WeightLoaded(
-            event_id=derived_id("weight-loaded", self.worker_id, event.run_id, event.version),
+        self.announced = WeightLoaded(
+            event_id=derived_id(
+                "weight-loaded", self.worker_id, self.incarnation, event.run_id, event.version
+            ),
             run_id=event.run_id,
             version=event.version,
             worker_id=self.worker_id,
             load_s=load_s,
             uri=event.uri,
         )
+        return self.announced
 
     async def on_weight_version(self, event: WeightVersion) -> WeightLoaded | None:
         """Serve `event`'s weights from the next step; None when it is older than what is served."""
@@ -55,6 +65,8 @@ class WeightFollower:
             log.info("skipping weights version %d: already serving %d", event.version, served)
             return None
         if event.version == served:
+            if self.announced is not None and self.announced.version == served:
+                return self.announced
             return self._loaded(event, 0.0)
         load_s = await self.backend.load_weights(event.uri, event.version)
         log.info(
