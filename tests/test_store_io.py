@@ -215,7 +215,7 @@ def test_every_field_type_has_a_column_and_comes_back() -> None:
         ),
         Probe(extra="just text"),
     ]
-    table = events_to_arrow(events, [(0, 0), (0, 1)])
+    table = events_to_arrow(events, [0, 0], [0, 1])
     assert arrow_to_events(Probe, table) == [at_micros(e) for e in events]
 
 

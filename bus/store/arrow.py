@@ -8,7 +8,7 @@ Python lists.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain, pairwise
+from itertools import pairwise
 from operator import attrgetter
 from typing import Any, TypeVar
 
@@ -53,21 +53,27 @@ def _to_arrow(column: Column, values: Sequence[Any]) -> pa.Array:
     return pa.array(values, type=column.arrow_type)
 
 
-def events_to_arrow(events: Sequence[Event], positions: Sequence[tuple[int, int]]) -> pa.Table:
-    """One Arrow table for events of a single kind, with their (partition, offset) positions
-    (the store computes each row's digest as it inserts it)."""
+def events_to_arrow(
+    events: Sequence[Event], partitions: Sequence[int], offsets: Sequence[int]
+) -> pa.Table:
+    """One Arrow table for events of a single kind, with the Kafka partition and offset each
+    came from (the store computes each row's digest as it inserts it)."""
     kinds = set(map(type, events))
     if len(kinds) != 1:
         raise ValueError(
             f"expected events of one kind, got {sorted(k.__name__ for k in kinds) or 'none'}"
         )
-    if len(positions) != len(events):
-        raise ValueError(f"{len(events)} events but {len(positions)} (partition, offset) positions")
+    if not len(events) == len(partitions) == len(offsets):
+        raise ValueError(
+            f"{len(events)} events but {len(partitions)} partitions and {len(offsets)} offsets"
+        )
     columns = columns_of(kinds.pop())
     # One pass per field with a C-level getter beats transposing per-event tuples (zip(*rows)).
     arrays = [_to_arrow(column, list(map(attrgetter(column.name), events))) for column in columns]
-    where = np.fromiter(chain.from_iterable(positions), dtype=np.int64, count=2 * len(positions))
-    arrays += [pa.array(where[0::2].astype(np.uint32)), pa.array(where[1::2].astype(np.uint64))]
+    arrays += [
+        pa.array(np.asarray(partitions, dtype=np.uint32)),
+        pa.array(np.asarray(offsets, dtype=np.uint64)),
+    ]
     names = [c.name for c in columns] + ["kafka_partition", "kafka_offset"]
     return pa.Table.from_arrays(arrays, names=names)
 

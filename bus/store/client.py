@@ -209,7 +209,8 @@ class Store:
         kind = type(events[0])
         if dedup_token is None:
             dedup_token = block_token(kind, [(e.event_id, codec.encode(e)) for e in events])
-        return self.insert_block(kind, events_to_arrow(events, positions), dedup_token)
+        partitions, offsets = zip(*positions, strict=True)
+        return self.insert_block(kind, events_to_arrow(events, partitions, offsets), dedup_token)
 
     def insert_block(self, kind: type[Event], block: pa.Table, dedup_token: str) -> int:
         """Insert an Arrow block of `kind`'s rows (bus.store.arrow.events_to_arrow); ClickHouse

@@ -17,7 +17,9 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from operator import attrgetter
 
+import numpy as np
 import pyarrow as pa
 
 from rlbus.bus import Bus, Delivery
@@ -32,9 +34,15 @@ log = logging.getLogger(__name__)
 GROUP = "sink"
 
 
+_EVENT, _PARTITION, _OFFSET = attrgetter("event"), attrgetter("partition"), attrgetter("offset")
+
+
 def _block(deliveries: list[Delivery]) -> pa.Table:
+    n = len(deliveries)
     return events_to_arrow(
-        [d.event for d in deliveries], [(d.partition, d.offset) for d in deliveries]
+        list(map(_EVENT, deliveries)),
+        np.fromiter(map(_PARTITION, deliveries), np.uint32, n),
+        np.fromiter(map(_OFFSET, deliveries), np.uint64, n),
     )
 
 
