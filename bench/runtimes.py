@@ -19,23 +19,20 @@ import argparse
 import asyncio
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from rlbus.bus import free_port
-from rlbus.bus.waiting import wait_for
 from rlbus.producers.environment import load_environment
 from rlbus.producers.interception import EvalBackend, InterceptionServer
 from rlbus.producers.rollouts import RolloutRunner
 from rlbus.producers.runtimes import sandbox_problem
+from rlbus.testing import serve_in_child
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 AGENT = """
@@ -101,20 +98,8 @@ async def trial(kind: str, upstream: str, agent: Path, rollouts: int, concurrenc
     )
 
 
-def start_upstream() -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "rlbus.testing", "--port", str(port)])
-    url = f"http://127.0.0.1:{port}/v1"
-
-    def answers() -> bool:
-        try:
-            with urllib.request.urlopen(f"{url}/models", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    wait_for(answers, 30, f"the scripted server at {url}")
-    return proc, url
+SERVE = "import sys; from rlbus.testing import ScriptedModel, serve; "
+SERVE += "serve(ScriptedModel(record=False), int(sys.argv[1]))"
 
 
 def main() -> None:
@@ -125,7 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     if sandbox_problem() is not None:
         sys.exit(f"the sandbox runtime cannot run here: {sandbox_problem()}")
-    upstream, url = start_upstream()
+    upstream, url = serve_in_child(SERVE)
     results: dict[str, list[Trial]] = {kind: [] for kind in RUNTIMES}
     try:
         with tempfile.TemporaryDirectory() as tmp:
