@@ -162,6 +162,13 @@ def test_the_endpoint_serves_an_http_store_read_only(store: Store) -> None:
         assert remote.via is None
         assert remote.read_events(TokenRecord) == [at_micros(e) for e in EVENTS]
         assert remote.query("SELECT count() FROM tokens_per_rollout").rows == [(3,)]
+        # a reader's settings reach the engine, with readonly kept at 2
+        limits = {"max_result_rows": 7, "result_overflow_mode": "break"}
+        assert remote.query(
+            "SELECT getSetting('readonly'), getSetting('max_result_rows'), "
+            "getSetting('result_overflow_mode')",
+            settings=limits,
+        ).rows == [(2, 7, "break")]
     with pytest.raises(DatabaseError, match="CREATE statements are refused"):
         open_store(url)
 

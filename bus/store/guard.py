@@ -117,7 +117,8 @@ class Guard:
     def __init__(self) -> None:
         self._denied: frozenset[str] | None = None
         self._views: frozenset[str] = frozenset()
-        self._passed: OrderedDict[tuple, None] = OrderedDict()
+        self._passed: OrderedDict[tuple, str] = OrderedDict()
+        """A passed text's key (see _passed_key) -> its statement."""
         self._passed_lock = threading.Lock()
 
     def denied(self, run: Run) -> frozenset[str]:
@@ -129,14 +130,15 @@ class Guard:
         """The one read-only statement in `sql` (without a trailing `;` or comments), checked
         with its bound `parameters` on the engine `run` reaches; raises Refused naming what
         is refused. Syntax errors come back as the engine's own."""
+        key = _passed_key(sql, parameters)
+        with self._passed_lock:
+            statement = self._passed.get(key)
+            if statement is not None:
+                self._passed.move_to_end(key)
+                return statement
         if problem := read_only_problem(sql):  # a cheap first gate; the parse decides
             raise Refused(problem)
         statement = split_statements(sql)[0]
-        key = _passed_key(statement, parameters)
-        with self._passed_lock:
-            if key in self._passed:
-                self._passed.move_to_end(key)
-                return statement
         try:
             run(f"SELECT formatQuerySingleLine({string_literal(statement)})", None)
         except Exception as exc:
@@ -152,16 +154,16 @@ class Guard:
         if problem is not None:
             raise Refused(problem)
         with self._passed_lock:
-            self._passed[key] = None
+            self._passed[key] = statement
             while len(self._passed) > PASSED_KEPT:
                 self._passed.popitem(last=False)
         return statement
 
 
-def _passed_key(statement: str, parameters: Mapping[str, Any] | None) -> tuple:
+def _passed_key(sql: str, parameters: Mapping[str, Any] | None) -> tuple:
     """What a passing parse depends on: the text, and the values substituted into it as names."""
-    names = sorted({m.group(1) for m in _IDENTIFIER_PARAMETER.finditer(statement)})
-    return (statement, *((n, str((parameters or {}).get(n))) for n in names))
+    names = sorted({m.group(1) for m in _IDENTIFIER_PARAMETER.finditer(sql)})
+    return (sql, *((n, str((parameters or {}).get(n))) for n in names))
 
 
 def check_settings(names: Iterable[str]) -> None:
