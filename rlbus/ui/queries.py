@@ -269,8 +269,12 @@ class Queries:
         self._cache_lock = threading.Lock()
 
     def parallel(self, calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
-        futures = {name: self._pool.submit(call) for name, call in calls.items()}
-        return {name: future.result() for name, future in futures.items()}
+        """Each call's result by name: the first runs on this thread (which would only wait),
+        the others on the pool meanwhile."""
+        (first, call), *others = calls.items()
+        futures = {name: self._pool.submit(other) for name, other in others}
+        done = {first: call()}
+        return {name: done[name] if name == first else futures[name].result() for name in calls}
 
     def cached(self, key: Any, load: Callable[[], Any]) -> Any:
         """`load()`, reused for CHOICES_S seconds."""
