@@ -86,6 +86,8 @@ class Pages:
         self.decoder = decoder
         self.source = source
         self.templates = _templates()
+        for name in self.templates.list_templates(extensions=["html"]):
+            self.templates.get_template(name)  # compiled now, not in some user's first page
 
     def page(self, name: str, started: float, status: int = 200, **context: Any) -> HTMLResponse:
         """The template filled in; `started` is when the request's work began (Server-Timing:
