@@ -266,9 +266,9 @@ class _Queries:
     ) -> str:
         """Set up the request's session (readonly=2: settings may change, readonly may not)
         and return its statement, once the engine's parse of it passed the guard."""
-        connection.query("SET readonly = 2")
-        for name, value in settings.items():
-            connection.query(f"SET {quote(name)} = '{_escape(value)}'")
+        # One SET for all: readonly first, each a round trip into the engine otherwise.
+        assignments = [f"{quote(name)} = '{_escape(value)}'" for name, value in settings.items()]
+        connection.query(f"SET {', '.join(['readonly = 2', *assignments])}")
         if database:
             connection.query(f"USE {quote(database)}")
 

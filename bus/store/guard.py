@@ -1,7 +1,8 @@
 """Whether a user's SQL is one read-only statement without external access, decided on
 ClickHouse's own parse of it, on the engine that will run it.
 
-Two questions go to the engine before the statement runs:
+Two questions go to the engine before a statement text first runs (a text that passed is
+remembered; a refused one is asked about again each time):
 1. `formatQuerySingleLine('<the text as a string literal>')`: ClickHouse parses the text as
    data, so nothing in it runs, and refuses more than one statement.
 2. `EXPLAIN AST <the statement>` (now known to be one statement): the parse tree, walked here.
@@ -18,6 +19,9 @@ can only make a query refused, never let one through.
 
 from __future__ import annotations
 
+import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -61,6 +65,13 @@ SETTINGS = frozenset(
 (format_schema, format_template_*, output_format_schema read or write files) or loosens
 access (readonly, allow_*)."""
 
+PASSED_KEPT = 4096
+"""Statement texts whose passing parse a guard remembers (the oldest forgotten first): the ui
+sends a few dozen fixed texts; a console user's texts come and go."""
+
+_IDENTIFIER_PARAMETER = re.compile(r"\{\s*(\w+)\s*:\s*Identifier\s*\}", re.IGNORECASE)
+"""`{name:Identifier}`: a parameter substituted into the parse as a name, not a value."""
+
 DENIED_SCALARS = ("file", "catboostevaluate")
 """Ordinary functions that read a file named by their argument."""
 
@@ -98,11 +109,17 @@ def string_literal(text: str) -> str:
 
 
 class Guard:
-    """Checks statements for one engine; the names it refuses are read from it once."""
+    """Checks statements for one engine; the names it refuses are read from it once. A
+    statement the engine's parse passed is remembered by its text (the same text parses the
+    same), with the values of any Identifier parameters, which the parse substitutes as names;
+    a refusal is never remembered, so each refused statement is parsed and refused again."""
 
     def __init__(self) -> None:
         self._denied: frozenset[str] | None = None
         self._views: frozenset[str] = frozenset()
+        self._passed: OrderedDict[tuple, str] = OrderedDict()
+        """A passed text's key (see _passed_key) -> its statement."""
+        self._passed_lock = threading.Lock()
 
     def denied(self, run: Run) -> frozenset[str]:
         if self._denied is None:
@@ -113,6 +130,12 @@ class Guard:
         """The one read-only statement in `sql` (without a trailing `;` or comments), checked
         with its bound `parameters` on the engine `run` reaches; raises Refused naming what
         is refused. Syntax errors come back as the engine's own."""
+        key = _passed_key(sql, parameters)
+        with self._passed_lock:
+            statement = self._passed.get(key)
+            if statement is not None:
+                self._passed.move_to_end(key)
+                return statement
         if problem := read_only_problem(sql):  # a cheap first gate; the parse decides
             raise Refused(problem)
         statement = split_statements(sql)[0]
@@ -130,7 +153,17 @@ class Guard:
             problem = tree_problem(lines, self.denied(run), self._views)
         if problem is not None:
             raise Refused(problem)
+        with self._passed_lock:
+            self._passed[key] = statement
+            while len(self._passed) > PASSED_KEPT:
+                self._passed.popitem(last=False)
         return statement
+
+
+def _passed_key(sql: str, parameters: Mapping[str, Any] | None) -> tuple:
+    """What a passing parse depends on: the text, and the values substituted into it as names."""
+    names = sorted({m.group(1) for m in _IDENTIFIER_PARAMETER.finditer(sql)})
+    return (sql, *((n, str((parameters or {}).get(n))) for n in names))
 
 
 def check_settings(names: Iterable[str]) -> None:

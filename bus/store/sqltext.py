@@ -9,6 +9,7 @@ a hidden second statement.
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from collections.abc import Iterator
 from itertools import pairwise
@@ -125,12 +126,22 @@ def words(statement: str) -> list[str]:
     return [statement[s:e].upper() for kind, s, e in tokens(statement) if kind is Tok.WORD]
 
 
+JUDGED_KEPT = 1024
+"""Texts of up to JUDGED_CHARS whose read_only_problem is remembered: readers (the ui) send
+the same few texts again and again, each judged on both sides of the endpoint."""
+JUDGED_CHARS = 8192
+
+
 def read_only_problem(sql: str) -> str | None:
     """Why `sql` is not exactly one read-only statement, or None when it is.
 
     The leading keyword is judged first, from the first tokens only, so that a write is named
     as such even when what follows it (e.g. an insert's binary data) is not SQL.
     """
+    return _judged(sql) if len(sql) <= JUDGED_CHARS else _read_only_problem(sql)
+
+
+def _read_only_problem(sql: str) -> str | None:
     lead = next(
         (
             sql[s:e]
@@ -151,6 +162,9 @@ def read_only_problem(sql: str) -> str | None:
     if ("INTO", "OUTFILE") in pairwise(upper):
         return "SELECT ... INTO OUTFILE writes a file, which read-only access refuses"
     return None
+
+
+_judged = functools.lru_cache(maxsize=JUDGED_KEPT)(_read_only_problem)
 
 
 def trailing_format(statement: str) -> str | None:

@@ -86,6 +86,8 @@ class Pages:
         self.decoder = decoder
         self.source = source
         self.templates = _templates()
+        for name in self.templates.list_templates(extensions=["html"]):
+            self.templates.get_template(name)  # compiled now, not in some user's first page
 
     def page(self, name: str, started: float, status: int = 200, **context: Any) -> HTMLResponse:
         """The template filled in; `started` is when the request's work began (Server-Timing:
@@ -137,7 +139,7 @@ class Pages:
                 "latency": data["latency"],
             },
             headings=TABLE_HEADINGS,
-            others=[r for r in self.q.run_ids() if r != run_id][:50],
+            others=[r for r in data["run_ids"] if r != run_id][:50],
             version=version,
             versions=data["versions"],
         )
@@ -146,17 +148,23 @@ class Pages:
         started = time.perf_counter()
         params = _params(request)
         filters, problems = RolloutFilters.parse(params)
-        page = self.q.rollouts(filters, params.get("after", ""), params.get("before", ""))
+        found = self.q.parallel(  # the menus are cached: on a miss, they load alongside
+            {
+                "page": lambda: self.q.rollouts(
+                    filters, params.get("after", ""), params.get("before", "")
+                ),
+                "choices": lambda: self.q.filter_choices(filters.run),
+                "runs": self.q.run_ids,
+            }
+        )
         return self.page(
             "rollouts.html",
             started,
             title="rollouts",
             filters=filters,
             problems=problems,
-            page=page,
-            choices=self.q.filter_choices(filters.run),
-            runs=self.q.run_ids(),
             query=filters.query_string(),
+            **found,
         )
 
     def rollout(self, request: Request) -> Response:
@@ -206,15 +214,12 @@ class Pages:
         started = time.perf_counter()
         params = _params(request)
         a, b = params.get("a", ""), params.get("b", "")
-        context: dict[str, Any] = {
-            "runs": self.q.run_ids(),
-            "a": a,
-            "b": b,
-            "tasks": [],
-            "task": "",
-        }
-        if a and b:
+        context: dict[str, Any] = {"a": a, "b": b, "tasks": [], "task": ""}
+        if not (a and b):
+            context["runs"] = self.q.run_ids()
+        else:
             data = self.q.compare(a, b, params.get("task", ""))
+            context["runs"] = data["runs"]
             context["figure"] = line_chart(
                 [
                     Series(f"{label} {name}", [(r["step"], r[column]) for r in data[label.lower()]])

@@ -102,23 +102,28 @@ def line_chart(series: Sequence[Series], title: str, x_label: str = "step") -> M
             f'<text class="tick x" x="{px(t):.1f}" y="{HEIGHT - BOTTOM + 16}">{number(t)}</text>'
         )
     body.append(f'<text class="axis" x="{WIDTH - RIGHT}" y="{HEIGHT - 4}">{escape(x_label)}</text>')
+    label = escape(x_label)
     for i, s in enumerate(series):
         colour = f"s{i % COLOURS}"
+        # each point's place, worked out once for the line and the dot (a console result can
+        # have a thousand points)
+        at = [None if y is None else (f"{px(x):.1f}", f"{py(y):.1f}") for x, y in s.points]
         path, pen_down = [], False
-        for x, y in sorted(s.points, key=lambda p: p[0]):
-            if y is None:
+        for k in sorted(range(len(at)), key=lambda k: s.points[k][0]):
+            if at[k] is None:
                 pen_down = False
                 continue
-            path.append(f"{'L' if pen_down else 'M'}{px(x):.1f},{py(y):.1f}")
+            path.append(f"{'L' if pen_down else 'M'}{at[k][0]},{at[k][1]}")
             pen_down = True
         if path:
             body.append(f'<path class="line {colour}" d="{" ".join(path)}"/>')
-        for x, y in s.points:
-            if y is not None:
+        name = escape(s.name)
+        for (x, y), xy in zip(s.points, at, strict=True):
+            if xy is not None:
+                cx, cy = xy
                 body.append(
-                    f'<circle class="dot {colour}" cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5">'
-                    f"<title>{escape(s.name)} · {escape(x_label)} {number(x)}: {number(y)}</title>"
-                    "</circle>"
+                    f'<circle class="dot {colour}" cx="{cx}" cy="{cy}" r="2.5">'
+                    f"<title>{name} · {label} {number(x)}: {number(y)}</title></circle>"
                 )
     return _frame(title, body, _legend([s.name for s in series]))
 

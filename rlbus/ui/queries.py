@@ -269,8 +269,12 @@ class Queries:
         self._cache_lock = threading.Lock()
 
     def parallel(self, calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
-        futures = {name: self._pool.submit(call) for name, call in calls.items()}
-        return {name: future.result() for name, future in futures.items()}
+        """Each call's result by name: the first runs on this thread (which would only wait),
+        the others on the pool meanwhile."""
+        (first, call), *others = calls.items()
+        futures = {name: self._pool.submit(other) for name, other in others}
+        done = {first: call()}
+        return {name: done[name] if name == first else futures[name].result() for name in calls}
 
     def cached(self, key: Any, load: Callable[[], Any]) -> Any:
         """`load()`, reused for CHOICES_S seconds."""
@@ -329,6 +333,7 @@ class Queries:
             for name, sql in RUN_CURVES.items()
         }
         calls["summary"] = lambda: self.run(run_id)
+        calls["run_ids"] = self.run_ids  # the page's run menu (cached) goes with the rest
         data = self.parallel(calls)
         return data.pop("summary"), data
 
@@ -409,25 +414,31 @@ class Queries:
     # -- compare ---------------------------------------------------------------------
 
     def compare(self, a: str, b: str, task: str) -> dict[str, Any]:
-        """Both runs' reward curves, their shared tasks, and each run's rollouts of `task` (the
-        first shared one when empty)."""
+        """Both runs' reward curves, their shared tasks, each run's rollouts of `task` (the
+        first shared one when empty) and the run menu (`runs`), queried at once when `task` is
+        given."""
+
+        runs = {"side a": a, "side b": b}
+
+        def sides(task: str) -> dict[str, Callable[[], Any]]:
+            return {
+                side: (lambda r=run: self.rows(TASK_ROLLOUTS, run=r, task=task))
+                for side, run in runs.items()
+            }
+
         data = self.parallel(
             {
+                "runs": self.run_ids,
                 "a": lambda: self.rows(REWARD_CURVE, run=a),
                 "b": lambda: self.rows(REWARD_CURVE, run=b),
                 "tasks": lambda: [r["task_id"] for r in self.rows(SHARED_TASKS, a=a, b=b)],
+                **(sides(task) if task else {}),
             }
         )
         data["task"] = task or next(iter(data["tasks"]), "")
-        sides = {}
-        if data["task"]:
-            sides = self.parallel(
-                {
-                    run: (lambda r=run: self.rows(TASK_ROLLOUTS, run=r, task=data["task"]))
-                    for run in (a, b)
-                }
-            )
-        data["sides"] = sides
+        if data["task"] and not task:
+            data |= self.parallel(sides(data["task"]))
+        data["sides"] = {run: data.pop(side) for side, run in runs.items() if data["task"]}
         return data
 
     # -- console ---------------------------------------------------------------------

@@ -12,12 +12,14 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import chdb
 import clickhouse_connect
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 from security_sql import CANARY, Target, make_target
 
 from rlbus.bus.store import Store, StoreError, open_store
+from rlbus.bus.store.guard import Guard, Refused
 from rlbus.bus.store.holder import ENDPOINT_FILE
 
 
@@ -130,3 +132,35 @@ def test_the_stores_parameterized_views_read_like_table_functions_and_nothing_el
     with pytest.raises(DatabaseError, match=r"nosuchthing\(\) is refused"):
         reader.query("SELECT * FROM nosuchthing(1)")
     reader.close()
+
+
+def test_the_guard_parses_a_statement_text_once_and_refuses_on_every_parse(
+    target: Target, holder: Store
+) -> None:
+    """A statement text the engine's parse passed is not parsed again (a page sends the same
+    texts again and again); a refused one is parsed and refused each time, and a parameter
+    that names a table or column (Identifier) is part of what was passed."""
+    connection = chdb.connect(str(target.data_dir))  # the holder's engine, as the endpoint uses it
+    sent: list[str] = []
+
+    def run(query: str, parameters: object) -> list[str]:
+        sent.append(query)
+        out = connection.query(query, "TabSeparatedRaw", params=dict(parameters or {}))
+        return out.bytes().decode().split("\n")
+
+    guard = Guard()
+    sql = "SELECT count() FROM tokens WHERE run_id = {run:String}"
+    assert guard.statement(sql, {"run": "a"}, run) == sql
+    parses = len(sent)
+    assert parses >= 2  # formatQuerySingleLine and EXPLAIN AST (and the denied names once)
+    assert guard.statement(sql, {"run": "b"}, run) == sql
+    assert len(sent) == parses
+    for _ in range(2):
+        with pytest.raises(Refused, match=r"file\(\) is refused"):
+            guard.statement(f"SELECT * FROM file('{target.secret}', 'LineAsString')", None, run)
+    assert len(sent) == parses + 4
+    named = "SELECT count() FROM {table:Identifier}"
+    guard.statement(named, {"table": "tokens"}, run)
+    guard.statement(named, {"table": "rollouts"}, run)
+    assert len(sent) == parses + 8
+    connection.close()
