@@ -22,6 +22,8 @@ import msgspec
 import openai
 from opentelemetry import propagate
 
+from rlbus.clients.openai_wire import tool_call
+
 _json = msgspec.json.Encoder()
 _JSON = {"Content-Type": "application/json"}
 
@@ -210,12 +212,7 @@ class ChatClient:
         except openai.APIError as exc:
             raise self._error(exc) from exc
         tool_calls = [
-            {
-                "id": c["id"],
-                "type": "function",
-                "function": {"name": c["name"], "arguments": c["arguments"]},
-            }
-            for _, c in sorted(calls.items())
+            tool_call(c["id"], c["name"], c["arguments"]) for _, c in sorted(calls.items())
         ]
         yield ChatAnswer(
             message={"content": "".join(text) or None, "tool_calls": tool_calls or None},

@@ -75,6 +75,11 @@ def new_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
+def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """One OpenAI function call of an assistant message (`arguments`: JSON text)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {
         "prompt_tokens": prompt_tokens,

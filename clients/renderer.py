@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
+from rlbus.clients.openai_wire import tool_call
 from rlbus.schemas import Messages
 from rlbus.schemas.messages import text_of
 
@@ -72,7 +73,7 @@ def _call_id(completion_ids: list[int], index: int) -> str:
 
 def _tool_call(name: str, arguments: Any, call_id: str) -> dict[str, Any]:
     args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+    return tool_call(call_id, name, args)
 
 
 def _common_suffix_prefix(ids: list[int], close: list[int]) -> int:

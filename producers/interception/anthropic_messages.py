@@ -6,9 +6,9 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from rlbus.clients.openai_wire import sse
+from rlbus.clients.openai_wire import sse, tool_call
 from rlbus.producers.interception.calls import CallResult, ModelCall
-from rlbus.producers.interception.messages import Message, tool_call
+from rlbus.producers.interception.messages import Message
 from rlbus.producers.interception.wire import BadRequest, Pieces, Request, unsent
 from rlbus.schemas.messages import text_of
 

@@ -51,7 +51,3 @@ def assistant_message(
     if tool_calls:
         message["tool_calls"] = tool_calls
     return message
-
-
-def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
