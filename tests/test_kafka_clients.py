@@ -23,7 +23,6 @@ from rlbus.config import Settings
 from rlbus.schemas import TaskPublished, decode
 
 KCAT = shutil.which("kcat")
-needs_kcat = pytest.mark.skipif(KCAT is None, reason="kcat is not installed (apt-get install kcat)")
 
 
 @pytest.fixture(scope="module")
@@ -124,13 +123,12 @@ def kcat(
     args: list[str], data: bytes = b"", lib: Path | None = None
 ) -> subprocess.CompletedProcess:
     env = {"LD_LIBRARY_PATH": str(lib)} if lib else {}
-    assert KCAT is not None
+    assert KCAT is not None, "kcat is not installed (apt-get install kcat; .ci/run does)"
     return subprocess.run(
         [KCAT, *args], input=data, capture_output=True, timeout=60, env=env, check=False
     )
 
 
-@needs_kcat
 def test_kcat_on_librdkafka_2_16_publishes_and_consumes(settings: Settings, tmp_path: Path) -> None:
     lib = bundled_librdkafka(tmp_path)
     version = kcat(["-V"], lib=lib).stdout.decode()
@@ -149,7 +147,6 @@ def test_kcat_on_librdkafka_2_16_publishes_and_consumes(settings: Settings, tmp_
     assert json_task("k1", run) in consumed.stdout.splitlines()
 
 
-@needs_kcat
 def test_debian_kcat_on_librdkafka_2_0_2_cannot_connect(settings: Settings) -> None:
     version = kcat(["-V"]).stdout.decode()
     if "librdkafka 2.0.2" not in version:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import verifiers as vf
 from isolated import isolated_settings, running_sink
 
 from rlbus.bus import EmbeddedBroker
@@ -28,8 +29,6 @@ from rlbus.producers.rollouts import RolloutRunner
 from rlbus.schemas import RolloutCompleted, group_id_of
 from rlbus.schemas.messages import text_of
 from rlbus.testing import ScriptedModel, ScriptedServer
-
-vf = pytest.importorskip("verifiers")
 
 ENVS = Path(__file__).resolve().parent.parent / "examples" / "verifiers"
 
