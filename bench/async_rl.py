@@ -35,12 +35,12 @@ from rich.table import Table
 from rlbus.bus import Bus, Delivery, EmbeddedBroker
 from rlbus.bus.store import open_store
 from rlbus.config import load_settings
-from rlbus.config.run import RunConfig
+from rlbus.config.runs import RunConfig
 from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.trainer.batching import micro_batches
-from rlbus.consumers.trainer.engine import Trainer
-from rlbus.consumers.trainer.model import load_policy
+from rlbus.consumers.trainer.policy import load_policy
+from rlbus.consumers.trainer.step import Trainer
 from rlbus.launch.in_process import run_in_process
 from rlbus.schemas import TrainBatch, WeightLoaded, WeightVersion, derived_id
 from rlbus.testing import ScriptedModel, ScriptedServer

@@ -20,7 +20,7 @@ import openai
 
 from rlbus.config import load_settings
 from rlbus.config.env import cli_overrides
-from rlbus.launch.evaluation import run_eval
+from rlbus.launch.eval import run_eval
 from rlbus.producers.environment import load_environment
 from rlbus.testing import serve_in_child
 

@@ -40,7 +40,7 @@ from rlbus.bus import Bus
 from rlbus.bus.store import open_store
 from rlbus.bus.waiting import wait_for
 from rlbus.config import Settings, load_settings, settings_env
-from rlbus.config.run import RunConfig, load_run_config
+from rlbus.config.runs import RunConfig, load_run_config
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.discovery import local_broker, store_served_elsewhere
 from rlbus.launch.processes import RoleProcess

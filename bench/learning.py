@@ -36,14 +36,14 @@ from rich.table import Table
 from rlbus.bus import EmbeddedBroker
 from rlbus.bus.store import open_store
 from rlbus.config import load_settings
-from rlbus.config.run import ReplayConfig, RunConfig
+from rlbus.config.runs import ReplayConfig, RunConfig
 from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig, group_advantages
-from rlbus.consumers.orchestrator.replay import stored_samples
-from rlbus.consumers.orchestrator.tasks import Source, TaskSource
-from rlbus.consumers.trainer.engine import Trainer
-from rlbus.consumers.trainer.model import load_policy
+from rlbus.consumers.orchestrator.stored_samples import stored_samples
+from rlbus.consumers.orchestrator.task_draw import Source, TaskSource
+from rlbus.consumers.trainer.policy import load_policy
 from rlbus.consumers.trainer.sft import train_sft
+from rlbus.consumers.trainer.step import Trainer
 from rlbus.launch.supervisor import LocalRun
 from rlbus.producers.environment import Scorer, load_environment
 from rlbus.schemas import RolloutCompleted, TrainSample, masks

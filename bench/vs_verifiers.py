@@ -26,7 +26,7 @@ from pathlib import Path
 
 from rlbus.config import Settings, load_settings
 from rlbus.discovery import local_broker
-from rlbus.launch.evaluation import run_eval
+from rlbus.launch.eval import run_eval
 from rlbus.launch.local_sink import local_sink
 from rlbus.producers.environment import Environment, load_environment
 from rlbus.testing import serve_in_child
@@ -36,7 +36,7 @@ NAME = "vf_reverse_text"
 
 SERVE = """
 import sys
-from rlbus.schemas.messages import text_of
+from rlbus.schemas.chat import text_of
 from rlbus.testing import ScriptedModel, serve
 
 def chat(messages, tools):

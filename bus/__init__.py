@@ -1,4 +1,5 @@
-"""Kafka bus, embedded broker, claim check, telemetry and the ClickHouse store (DESIGN.md:
+"""Kafka bus, embedded broker, claim check, telemetry and the ClickHouse store
+(docs/architecture.md:
 Delivery)."""
 
 from rlbus.bus.broker import BrokerError, EmbeddedBroker, free_port

@@ -25,8 +25,8 @@ from opentelemetry.context import Context
 from rlbus.bus.claim_check import ClaimStore
 from rlbus.bus.health import quiet_kafka_client, watch_broker
 from rlbus.bus.ledger import write_ledger
-from rlbus.bus.messages import Headers
 from rlbus.bus.publisher import Publisher, Topics
+from rlbus.bus.records import Headers
 from rlbus.bus.subscribers import BatchHandler, BatchSubscriber, EventHandler, EventSubscriber
 from rlbus.config import ClaimCheckConfig, KafkaConfig, Settings
 from rlbus.schemas import Event

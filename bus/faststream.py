@@ -39,9 +39,9 @@ from pydantic import BaseModel
 
 from rlbus.bus.claim_check import ClaimStore
 from rlbus.bus.connection import client_options
-from rlbus.bus.messages import from_record, to_message
 from rlbus.bus.middleware import DeadLetters
 from rlbus.bus.publisher import Topics
+from rlbus.bus.records import from_record, to_message
 from rlbus.config import ClaimCheckConfig, KafkaConfig, Settings
 from rlbus.schemas import BY_NAME, TOPICS, Event, Topic, codec
 
@@ -284,7 +284,8 @@ def asyncapi(kafka: KafkaConfig, version: str) -> dict[str, Any]:
         broker,
         title="rlbus",
         version=version,
-        description="Every topic of rlbus's event log (DESIGN.md: Topics). Consume them with "
+        description="Every topic of rlbus's event log (docs/architecture.md: Topics). "
+        "Consume them with "
         "rlbus.bus.faststream.FastStreamBus.",
     ).to_specification()
     document: dict[str, Any] = json.loads(spec.to_json())

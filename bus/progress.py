@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import msgspec
 from aiokafka import TopicPartition
 
-from rlbus.bus.replay import read_records
+from rlbus.bus.topic_reader import read_records
 
 if TYPE_CHECKING:
     from rlbus.bus.bus import Bus

@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind
 from rlbus.bus import telemetry
 from rlbus.bus.claim_check import ClaimStore
 from rlbus.bus.connection import client_options
-from rlbus.bus.messages import Headers, to_message
+from rlbus.bus.records import Headers, to_message
 from rlbus.config import KafkaConfig
 from rlbus.schemas import Event, topic_of
 

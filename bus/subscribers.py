@@ -27,9 +27,9 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from rlbus.bus import progress
 from rlbus.bus.commits import COMMIT_TIMEOUT_S, Holds, Offsets, Polled
 from rlbus.bus.connection import client_options
-from rlbus.bus.messages import from_record
 from rlbus.bus.middleware import DeadLetters, SeenIds, traced
 from rlbus.bus.progress import Progress
+from rlbus.bus.records import from_record
 from rlbus.schemas import BY_NAME, Event
 
 if TYPE_CHECKING:

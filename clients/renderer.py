@@ -25,7 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from rlbus.clients.openai_wire import tool_call
 from rlbus.schemas import Messages
-from rlbus.schemas.messages import text_of
+from rlbus.schemas.chat import text_of
 
 Tools = list[dict[str, Any]] | None
 

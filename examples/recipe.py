@@ -21,11 +21,11 @@ from pathlib import Path
 from rlbus.bus import Bus
 from rlbus.bus.store import Store, open_store
 from rlbus.config import Settings
-from rlbus.consumers.judge import run_judge
-from rlbus.consumers.orchestrator.tasks import Source, TaskSource
+from rlbus.consumers.judge.main import run as run_judge
+from rlbus.consumers.orchestrator.task_draw import Source, TaskSource
 from rlbus.consumers.sink import run_sink
-from rlbus.producers.env_producer import run_env_producer
 from rlbus.producers.environment import load_environment
+from rlbus.producers.main import run as run_env_producer
 from rlbus.testing import ScriptedModel, ScriptedServer
 
 EXAMPLES = Path(__file__).resolve().parent

@@ -1,2 +1,2 @@
-"""Env producers (DESIGN.md: Roles): task sets and environments, harnesses, runtimes, the
+"""Env producers (docs/architecture.md: Roles): task sets and environments, harnesses, runtimes, the
 interception server, and running, evaluating and publishing rollouts."""

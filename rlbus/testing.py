@@ -26,7 +26,7 @@ from rlbus.bus.server_thread import ServerThread
 from rlbus.bus.waiting import wait_for
 from rlbus.clients import openai_wire as wire
 from rlbus.clients.token_api import GenerateRequest, GenerateResult
-from rlbus.schemas.messages import text_of
+from rlbus.schemas.chat import text_of
 
 Reply = dict[str, Any]
 """An assistant message: {"content": str} and optionally "tool_calls" (OpenAI shape)."""

@@ -1,4 +1,4 @@
-"""Typed events, the topic registry and the codec (DESIGN.md: Events)."""
+"""Typed events, the topic registry and the codec (docs/architecture.md: Events)."""
 
 from rlbus.schemas.codec import DecodeError, decode, encode
 from rlbus.schemas.events import (

@@ -1,4 +1,5 @@
-"""The topic registry: which events travel where, keyed by what (DESIGN.md's topic table)."""
+"""The topic registry: which events travel where, keyed by what (docs/architecture.md's topic
+table)."""
 
 from __future__ import annotations
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 
 from rlbus.bus import Bus
-from rlbus.bus.replay import read_back
+from rlbus.bus.topic_reader import read_back
 from rlbus.config import Settings
 from rlbus.config.orchestrator import AlgorithmConfig, OrchestratorConfig
 from rlbus.consumers.orchestrator.algorithms import Context, make_algorithm
 from rlbus.consumers.orchestrator.join import Joiner
-from rlbus.consumers.orchestrator.tasks import TaskSource
-from rlbus.consumers.orchestrator.worker import Orchestrator, ReadyGroup
+from rlbus.consumers.orchestrator.loop import Orchestrator, ReadyGroup
+from rlbus.consumers.orchestrator.task_draw import TaskSource
 from rlbus.schemas import TrainBatch, TrainSample
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 

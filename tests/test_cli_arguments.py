@@ -10,7 +10,7 @@ from rlbus.bus.waiting import wait_for
 from rlbus.config import Settings
 from rlbus.launch.processes import RoleProcess
 from rlbus.producers.environment import load_environment
-from rlbus.producers.tasksets import load_tasks
+from rlbus.producers.task_sources import load_tasks
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -22,8 +22,8 @@ from rlbus.producers.environment import (
     tool,
 )
 from rlbus.producers.harnesses import python_tool
-from rlbus.producers.tasksets import load_tasks
-from rlbus.producers.tasksets.stream import TaskStream
+from rlbus.producers.task_sources import load_tasks
+from rlbus.producers.task_sources.stream import TaskStream
 from rlbus.schemas import RolloutCompleted, TaskPublished
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

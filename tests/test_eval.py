@@ -21,7 +21,7 @@ from rlbus.bus.store import open_store
 from rlbus.commands import eval as eval_command
 from rlbus.config import Settings
 from rlbus.config.env import cli_overrides
-from rlbus.launch.evaluation import EvalResult, run_eval
+from rlbus.launch.eval import EvalResult, run_eval
 from rlbus.producers.environment import load_environment
 from rlbus.schemas import TokenRecord, TraceNode
 from rlbus.schemas.packed import mask, tokens

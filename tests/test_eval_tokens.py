@@ -15,13 +15,13 @@ from test_eval import EXAMPLES, settings, upstream  # noqa: F401  (module fixtur
 
 from rlbus.bus.server_thread import ServerThread
 from rlbus.bus.store import open_store
-from rlbus.clients.chat import POLICY_VERSION_HEADER
+from rlbus.clients.chat_client import POLICY_VERSION_HEADER
 from rlbus.config import Settings
 from rlbus.consumers.inference import server as inference_server
 from rlbus.consumers.inference.engine import Engine
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.inference.service import build_app, build_backend
-from rlbus.launch.evaluation import run_eval
+from rlbus.launch.eval import run_eval
 from rlbus.producers.environment import ModelConfig, load_environment
 from rlbus.producers.interception import EvalBackend, InterceptionServer
 from rlbus.schemas import RolloutCompleted, TokenRecord, TraceNode

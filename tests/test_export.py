@@ -14,7 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from rlbus.bus.store import StoreError, open_store
-from rlbus.bus.store.rollouts import read_rollouts
+from rlbus.bus.store.rollout_reader import read_rollouts
 from rlbus.commands.export import register
 from rlbus.schemas import RolloutCompleted, RolloutScored, TokenRecord, TraceNode, derived_id
 from rlbus.schemas.packed import pack_logprobs, pack_tokens

@@ -24,14 +24,14 @@ from isolated import isolated_settings
 from rlbus.bus import Bus, EmbeddedBroker
 from rlbus.bus.claim_check import HEADER as CLAIM_HEADER
 from rlbus.bus.faststream import FastStreamBus, broker_security
-from rlbus.bus.messages import CONTENT_TYPE, KIND, to_message
-from rlbus.bus.replay import read_back, read_records
+from rlbus.bus.records import CONTENT_TYPE, KIND, to_message
 from rlbus.bus.store import open_store
+from rlbus.bus.topic_reader import read_back, read_records
 from rlbus.bus.waiting import wait_for
 from rlbus.config import KafkaConfig, Settings, settings_env
 from rlbus.config.env import cli_overrides
 from rlbus.discovery import store_served_elsewhere
-from rlbus.launch.evaluation import run_eval
+from rlbus.launch.eval import run_eval
 from rlbus.launch.processes import RoleProcess, alive
 from rlbus.producers.environment import load_environment
 from rlbus.schemas import DeadLetter, RolloutScored, TaskPublished, TokenRecord

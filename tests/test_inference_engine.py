@@ -15,7 +15,7 @@ from rlbus.consumers.inference.api import (
     RequestError,
     SamplingParams,
 )
-from rlbus.consumers.inference.checkpoint import CheckpointError
+from rlbus.consumers.inference.checkpoint_reader import CheckpointError
 from rlbus.consumers.inference.engine import Engine
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.inference.weights import WeightFollower, newest

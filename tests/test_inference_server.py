@@ -26,10 +26,10 @@ from rlbus.consumers.inference.api import (
     ScoreResult,
 )
 from rlbus.consumers.inference.engine import Engine
+from rlbus.consumers.inference.main import run_worker
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.inference.server import create_app
 from rlbus.consumers.inference.service import build_app, build_backend
-from rlbus.consumers.inference.worker import run_worker
 from rlbus.schemas import WeightLoaded, WeightVersion
 
 VERSION = "x-rlbus-policy-version"

@@ -14,11 +14,11 @@ from rlbus.bus import Bus
 from rlbus.bus.store import open_store
 from rlbus.bus.waiting import wait_for
 from rlbus.config import Settings
-from rlbus.consumers.judge import run_judge
+from rlbus.consumers.judge.main import run as run_judge
 from rlbus.discovery import store_served_elsewhere
 from rlbus.launch.processes import RoleProcess, alive
-from rlbus.producers.env_producer import run_env_producer
 from rlbus.producers.environment import Scorer, TaskSet, group_reward, load_environment, reward
+from rlbus.producers.main import run as run_env_producer
 from rlbus.schemas import RolloutCompleted, RolloutScored
 from rlbus.testing import ScriptedModel, ScriptedServer
 

@@ -21,7 +21,7 @@ from rlbus.bus.store import open_store
 from rlbus.config import Settings
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.inference.service import build_app, build_backend
-from rlbus.launch.evaluation import run_eval
+from rlbus.launch.eval import run_eval
 from rlbus.producers.environment import (
     EnvConfig,
     Environment,
@@ -328,8 +328,8 @@ async def test_the_orchestrator_leaves_judge_nodes_alone(settings: Settings) -> 
     from rlbus.bus.waiting import wait_until
     from rlbus.config.orchestrator import OrchestratorConfig
     from rlbus.consumers.orchestrator.join import Joiner
-    from rlbus.consumers.orchestrator.tasks import TaskSource
-    from rlbus.consumers.orchestrator.worker import Orchestrator, run_orchestrator
+    from rlbus.consumers.orchestrator.loop import Orchestrator, run_orchestrator
+    from rlbus.consumers.orchestrator.task_draw import TaskSource
 
     run = f"orch-{uuid.uuid4().hex[:8]}"
     scoring = derived_id("r0", "scored", "v1")

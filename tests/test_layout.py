@@ -1,4 +1,5 @@
-"""The map stays true: who may import whom (DESIGN.md's layout and the contracts below the roles),
+"""The map stays true: who may import whom (docs/architecture.md's layout and the contracts
+below the roles),
 read from the source with `ast`, lazy imports and TYPE_CHECKING imports included (a dependency
 is a dependency, wherever its import statement sits)."""
 
@@ -42,9 +43,9 @@ def area(module: str) -> str:
     if second == "producers":
         # Task sources (files, data sets, generators) lie below the environment definition
         # that draws its tasks from them, which lies below the env producer that runs it.
-        if parts[2:3] == ["tasksets"]:
-            return "tasksets"
-        return "environment" if parts[2:3] in (["environment"], ["env"]) else "producers"
+        if parts[2:3] == ["task_sources"]:
+            return "task_sources"
+        return "environment" if parts[2:3] == ["environment"] else "producers"
     if second == "consumers":
         return (
             f"consumers.{parts[2]}"
@@ -95,15 +96,17 @@ def test_roles_import_neither_the_cli_nor_the_launcher_nor_each_other() -> None:
     wrong = []
     for module, targets in imports().items():
         here = area(module)
-        if not here.startswith(("producers", "consumers", "environment", "tasksets")):
+        if not here.startswith(("producers", "consumers", "environment", "task_sources")):
             continue
         for target in targets:
             there = area(target)
             if there in ("cli", "launcher"):
                 wrong.append((module, target, "roles never import the CLI or the launcher"))
-            elif here in ("producers", "environment", "tasksets") and there.startswith("consumers"):
+            elif here in ("producers", "environment", "task_sources") and there.startswith(
+                "consumers"
+            ):
                 wrong.append((module, target, "producers never import consumers"))
-            elif here.startswith("consumers") and there in ("producers", "tasksets"):
+            elif here.startswith("consumers") and there in ("producers", "task_sources"):
                 wrong.append((module, target, "consumers import only environment definitions"))
             elif here.startswith("consumers.") and there.startswith("consumers.") and there != here:
                 wrong.append((module, target, "a role never imports another role"))
@@ -135,13 +138,41 @@ def test_no_import_circle_between_areas() -> None:
     [
         ("rlbus.schemas.samples", "schemas"),
         ("rlbus.producers.environment.scoring", "environment"),
-        ("rlbus.producers.tasksets.sources", "tasksets"),
+        ("rlbus.producers.task_sources.sources", "task_sources"),
         ("rlbus.producers.rollouts", "producers"),
-        ("rlbus.consumers.judge.worker", "consumers.judge"),
+        ("rlbus.consumers.judge.main", "consumers.judge"),
         ("rlbus.consumers.heartbeat", "consumers"),
-        ("rlbus.commands.workers", "cli"),
+        ("rlbus.commands.worker", "cli"),
         ("rlbus.launch.supervisor", "launcher"),
     ],
 )
 def test_areas_are_what_the_rules_think(module: str, expected: str) -> None:
     assert area(module) == expected
+
+
+SHARED_NAMES: dict[str, str] = {
+    "__init__.py": "a package",
+    "main.py": "a role's entry (`rlbus worker ROLE`): consumers/<role>/main.py, producers/main.py",
+    "loop.py": "a role's consume loop, under its entry (orchestrator, trainer)",
+    "server.py": "the HTTP server of its package (inference, interception, ui)",
+    "base.py": "the protocol its package's implementations follow (harnesses, runtimes)",
+}
+"""Base names more than one module may have, each with the one meaning it has everywhere."""
+
+
+def test_no_two_modules_share_a_base_name_unless_listed() -> None:
+    """One meaning per module name. A command module (`rlbus/commands/NAME.py`, named after its
+    command) may share its name with the one module that does the command's work."""
+    by_name: dict[str, list[Path]] = defaultdict(list)
+    for folder in FOLDERS:
+        for path in (ROOT / folder).rglob("*.py"):
+            by_name[path.name].append(path.relative_to(ROOT))
+    clashes = {}
+    for name, paths in by_name.items():
+        if len(paths) < 2 or name in SHARED_NAMES:
+            continue
+        others = [p for p in paths if p.parts[:2] != ("rlbus", "commands")]
+        if len(paths) - len(others) == 1 and len(others) == 1:
+            continue
+        clashes[name] = [str(p) for p in paths]
+    assert not clashes, f"modules sharing a base name (rename one, or list it): {clashes}"

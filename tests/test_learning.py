@@ -12,9 +12,9 @@ import pytest
 
 from rlbus.bus.store import open_store
 from rlbus.config import Settings, load_settings
-from rlbus.config.run import RunConfig
+from rlbus.config.runs import RunConfig
 from rlbus.config.trainer import TrainerConfig
-from rlbus.consumers.orchestrator.replay import stored_samples
+from rlbus.consumers.orchestrator.stored_samples import stored_samples
 from rlbus.consumers.trainer.sft import train_sft
 from rlbus.launch.in_process import run_in_process
 

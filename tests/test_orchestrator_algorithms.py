@@ -13,7 +13,7 @@ from rlbus.consumers.orchestrator.algorithms import (
     make_algorithm,
 )
 from rlbus.consumers.orchestrator.join import Joiner
-from rlbus.consumers.orchestrator.worker import has_signal
+from rlbus.consumers.orchestrator.loop import has_signal
 from rlbus.schemas import (
     RolloutCompleted,
     RolloutScored,
@@ -217,7 +217,7 @@ def test_joiner_waits_for_every_piece_of_every_member() -> None:
 def test_training_tasks_go_round_in_epochs_and_never_include_held_out_ones() -> None:
     from pathlib import Path
 
-    from rlbus.consumers.orchestrator.tasks import Source, TaskSource, held_out
+    from rlbus.consumers.orchestrator.task_draw import Source, TaskSource, held_out
     from rlbus.producers.environment import load_environment
 
     env = load_environment(

@@ -1,4 +1,5 @@
-"""Packaging: every folder of the DESIGN.md layout installs under `rlbus.` and nothing else."""
+"""Packaging: every folder of the docs/architecture.md layout installs under `rlbus.` and
+nothing else."""
 
 from __future__ import annotations
 

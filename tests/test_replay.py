@@ -17,8 +17,8 @@ from rlbus.commands.run import register
 from rlbus.config import Settings
 from rlbus.config.env import cli_overrides
 from rlbus.consumers.inference.model_init import init_model
-from rlbus.consumers.orchestrator.replay import ReplayError, stored_samples
-from rlbus.launch.evaluation import run_eval
+from rlbus.consumers.orchestrator.stored_samples import ReplayError, stored_samples
+from rlbus.launch.eval import run_eval
 from rlbus.launch.export import export
 from rlbus.producers.environment import load_environment
 from rlbus.schemas import RolloutScored, TokenRecord, TraceNode, derived_id, masks

@@ -21,11 +21,11 @@ from rlbus.bus.store import open_store
 from rlbus.bus.waiting import wait_for
 from rlbus.commands import rescore as rescore_command
 from rlbus.config import Settings
-from rlbus.launch.evaluation import EvalResult
+from rlbus.launch.eval import EvalResult
 from rlbus.launch.rescore import RescoreError, rescore
 from rlbus.producers.environment import TaskSet, group_reward, load_environment, reward
 from rlbus.producers.environment.scoring import Scorer, rules_version
-from rlbus.producers.eval_report import eval_report, scored_tasks
+from rlbus.producers.eval_summary import read_eval_summary, scored_tasks
 from rlbus.schemas import RolloutCompleted, RolloutScored, derived_id
 from rlbus.testing import ScriptedServer
 from rlbus.ui.app import create_app
@@ -113,11 +113,11 @@ def test_rescore_adds_a_version_and_both_stay_queryable(
         count(settings, "SELECT count() FROM scored FINAL WHERE run_id = {run:String}", run) == 12
     )
     with open_store(settings.store.url, read_only=True) as store:
-        latest = eval_report(store, run, "reverse_text")  # each rollout's newest score
+        latest = read_eval_summary(store, run, "reverse_text")  # each rollout's newest score
         assert (latest.mean_reward, latest.counted) == (1.0, {second: 6})
-        assert eval_report(store, run, "reverse_text", version=first).mean_reward == 1.75
+        assert read_eval_summary(store, run, "reverse_text", version=first).mean_reward == 1.75
         with pytest.raises(KeyError, match="no scores of reverse_text by scorer version 'nope'"):
-            eval_report(store, run, "reverse_text", version="nope")
+            read_eval_summary(store, run, "reverse_text", version="nope")
         # The views count each rollout once: its newest score unless a version is chosen.
         for view, column, latest, earlier in (
             ("reward_by_step", "mean_reward", 1.0, 1.75),
@@ -184,7 +184,7 @@ def test_where_selects_rollouts_and_group_rewards_see_the_stored_group(
     # By default each rollout counts with its newest score: three rescored, three as they were.
     original = rules_version(load_environment(REVERSE_TEXT))
     with open_store(settings.store.url, read_only=True) as store:
-        latest = eval_report(store, run, "reverse_text")
+        latest = read_eval_summary(store, run, "reverse_text")
         view = store.query(
             "SELECT rollouts, mean_reward FROM reward_by_step WHERE run_id = {run:String}",
             {"run": run},

@@ -11,7 +11,7 @@ import pytest
 
 from rlbus.bus.store import open_store
 from rlbus.config import Settings, load_settings
-from rlbus.config.run import RunConfig
+from rlbus.config.runs import RunConfig
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.launch.in_process import run_in_process
 
@@ -139,7 +139,7 @@ async def test_restarted_orchestrator_learns_where_the_run_stands(
     after step 2): a new one has missed their announcements (committed by the first), and
     learns the trained and served versions from their re-announcements, then finishes the run."""
     from rlbus.consumers.orchestrator.build import build_orchestrator
-    from rlbus.consumers.orchestrator.worker import run_orchestrator
+    from rlbus.consumers.orchestrator.loop import run_orchestrator
     from rlbus.launch.in_process import local_roles
 
     cfg = run_config(settings, tiny, tmp_path, mode="sync", eval_every=0, drop_zero_signal=False)

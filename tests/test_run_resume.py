@@ -25,7 +25,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 # The worker commands as `rlbus worker ...` runs them, assembled here so the test does not
 # depend on which other command modules rlbus.cli registers.
 CLI = (
-    "import typer; from rlbus.commands.workers import register; app = typer.Typer(); "
+    "import typer; from rlbus.commands.worker import register; app = typer.Typer(); "
     "worker = typer.Typer(); app.add_typer(worker, name='worker'); register(app, worker); app()"
 )
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
-from rlbus.bus.store import Endpoint, Store, open_store
+from rlbus.bus.store import Store, StoreEndpoint, open_store
 from rlbus.bus.store import endpoint as endpoint_module
 from rlbus.bus.store.client import _through
 from rlbus.bus.store.holder import ENDPOINT_FILE, read_endpoint
@@ -118,7 +118,7 @@ def store(data_dir: Path) -> Iterator[Store]:
 
 
 def http(
-    endpoint: Endpoint, sql: str = "", token: str | None = None, **params: str
+    endpoint: StoreEndpoint, sql: str = "", token: str | None = None, **params: str
 ) -> tuple[int, dict[str, str], bytes]:
     """A request with the endpoint's token (or `token`) as ClickHouse's X-ClickHouse-Key."""
     query = urllib.parse.urlencode(params)

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlbus.bus import Bus
-from rlbus.bus.replay import read_back
+from rlbus.bus.topic_reader import read_back
 from rlbus.config import Settings, settings_env
 from rlbus.schemas import TaskPublished
 

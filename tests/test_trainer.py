@@ -13,9 +13,9 @@ from rlbus.config.trainer import LoraConfig, OptimConfig, TrainerConfig
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.trainer.batching import collate, pack
 from rlbus.consumers.trainer.checkpoint import NothingToResume
-from rlbus.consumers.trainer.engine import Trainer, lr_factor
-from rlbus.consumers.trainer.model import full_weights, load_policy, token_logprobs
+from rlbus.consumers.trainer.policy import full_weights, load_policy, token_logprobs
 from rlbus.consumers.trainer.session import CheckpointExists, open_session
+from rlbus.consumers.trainer.step import Trainer, lr_factor
 from rlbus.schemas import TrainSample, masks
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 from rlbus.schemas.staleness import filter_stale
@@ -163,7 +163,7 @@ async def test_trainer_worker_never_trains_stale_samples_counts_them_and_skips_r
     import asyncio
 
     from rlbus.bus import Delivery
-    from rlbus.consumers.trainer.worker import TrainerWorker
+    from rlbus.consumers.trainer.loop import TrainerWorker
     from rlbus.schemas import TrainBatch, TrainStep, WeightVersion
 
     session = open_session(TrainerConfig(), str(tiny), str(tmp_path / "ckpt"), 10, resume=False)

@@ -27,7 +27,7 @@ from rlbus.producers.environment.verifiers import plain_messages
 from rlbus.producers.interception import InterceptionServer
 from rlbus.producers.rollouts import RolloutRunner
 from rlbus.schemas import RolloutCompleted, group_id_of
-from rlbus.schemas.messages import text_of
+from rlbus.schemas.chat import text_of
 from rlbus.testing import ScriptedModel, ScriptedServer
 
 ENVS = Path(__file__).resolve().parent.parent / "examples" / "verifiers"

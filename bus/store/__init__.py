@@ -1,5 +1,5 @@
-"""The ClickHouse store (DESIGN.md: Storage): event tables, migrations, the Store client and
-the read-only loopback endpoint a chdb store's holder serves to other processes."""
+"""The ClickHouse store (docs/architecture.md: Storage): event tables, migrations, the Store
+client and the read-only loopback endpoint a chdb store's holder serves to other processes."""
 
 from rlbus.bus.store.client import (
     Rows,
@@ -8,11 +8,11 @@ from rlbus.bus.store.client import (
     StoreLockedError,
     open_store,
 )
-from rlbus.bus.store.endpoint import Endpoint
+from rlbus.bus.store.endpoint import StoreEndpoint
 from rlbus.bus.store.migrate import MigrationError
 
 __all__ = [
-    "Endpoint",
+    "StoreEndpoint",
     "MigrationError",
     "Rows",
     "Store",

@@ -31,7 +31,7 @@ from clickhouse_connect.driver.client import Client
 
 from rlbus.bus.store.arrow import arrow_to_events, events_to_arrow
 from rlbus.bus.store.columns import columns_of
-from rlbus.bus.store.endpoint import Endpoint
+from rlbus.bus.store.endpoint import StoreEndpoint
 from rlbus.bus.store.guard import Guard, Refused, check_settings
 from rlbus.bus.store.holder import ENDPOINT_FILE, Announced, holder_pid, read_endpoint
 from rlbus.bus.store.migrate import migrate
@@ -85,7 +85,7 @@ class Store:
         self._clients: list[Client] = []
         self._chdb_conns: list[Any] = []
         self._lock = threading.Lock()
-        self._endpoint: Endpoint | None = None
+        self._endpoint: StoreEndpoint | None = None
         self._closed = False
 
     def _client(self) -> Client:
@@ -267,7 +267,7 @@ class Store:
         )
         return arrow_to_events(kind, self.query_arrow(sql, parameters))
 
-    def serve(self, host: str = "127.0.0.1", port: int = 0) -> Endpoint:
+    def serve(self, host: str = "127.0.0.1", port: int = 0) -> StoreEndpoint:
         """Serve read-only queries to other processes until the store closes (chdb stores only)."""
         if self.data_dir is None:
             raise StoreError(
@@ -275,7 +275,7 @@ class Store:
             )
         if self._endpoint is None:
             self._client()  # the engine must be up before the endpoint's connections join it
-            self._endpoint = Endpoint(self.data_dir, host, port)
+            self._endpoint = StoreEndpoint(self.data_dir, host, port)
         return self._endpoint
 
     def close(self) -> None:

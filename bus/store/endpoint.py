@@ -309,7 +309,7 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
-class Endpoint:
+class StoreEndpoint:
     """Serves read-only queries on the chdb data directory this process holds to clients that
     present its token; announces its URL and token in `<dir>/.rlbus-endpoint` (mode 0600)
     until closed. Binds loopback unless given another host."""

@@ -50,7 +50,7 @@ from rlbus.consumers.inference.api import (
     check_vocab,
 )
 from rlbus.consumers.inference.batch import PaddedBatch
-from rlbus.consumers.inference.checkpoint import match_parameters, read_checkpoint
+from rlbus.consumers.inference.checkpoint_reader import match_parameters, read_checkpoint
 from rlbus.consumers.inference.detok import TextStream
 from rlbus.consumers.inference.sampling import RowSettings, sample
 

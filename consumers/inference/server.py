@@ -45,7 +45,7 @@ from rlbus.consumers.inference.api import (
     WeightsRequest,
     check_prompt,
 )
-from rlbus.consumers.inference.checkpoint import CheckpointError
+from rlbus.consumers.inference.checkpoint_reader import CheckpointError
 from rlbus.consumers.inference.openai_format import (
     ChatRequest,
     ChatWriter,

@@ -43,7 +43,7 @@ from rlbus.consumers.inference.api import (
     check_prompt,
     check_vocab,
 )
-from rlbus.consumers.inference.checkpoint import checkpoint_files
+from rlbus.consumers.inference.checkpoint_reader import checkpoint_files
 
 # ---- pure translation (tested on CPU) ---------------------------------------------------------
 

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterable
 
 from rlbus.consumers.inference.api import InferenceBackend
-from rlbus.consumers.inference.checkpoint import CheckpointError
+from rlbus.consumers.inference.checkpoint_reader import CheckpointError
 from rlbus.schemas import WeightLoaded, WeightVersion, derived_id
 
 log = logging.getLogger(__name__)

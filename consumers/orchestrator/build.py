@@ -8,11 +8,11 @@ from pathlib import Path
 
 from rlbus.bus import Bus
 from rlbus.clients.inference import InferenceClient
-from rlbus.config.run import RunConfig
+from rlbus.config.runs import RunConfig
 from rlbus.consumers.orchestrator.algorithms import Context, make_algorithm
 from rlbus.consumers.orchestrator.join import Joiner
-from rlbus.consumers.orchestrator.tasks import Source, TaskSource
-from rlbus.consumers.orchestrator.worker import Orchestrator
+from rlbus.consumers.orchestrator.loop import Orchestrator
+from rlbus.consumers.orchestrator.task_draw import Source, TaskSource
 from rlbus.producers.environment import Environment, load_environment
 
 NEEDS_TEACHER = {"opd", "self-distill"}

@@ -1,5 +1,5 @@
 """Sink role: every topic into ClickHouse."""
 
-from rlbus.consumers.sink.sink import GROUP, Sink, hold_store, run_sink
+from rlbus.consumers.sink.sink import GROUP, Sink, run_sink
 
-__all__ = ["GROUP", "Sink", "hold_store", "run_sink"]
+__all__ = ["GROUP", "Sink", "run_sink"]

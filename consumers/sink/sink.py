@@ -16,14 +16,13 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from operator import attrgetter
 
 import numpy as np
 import pyarrow as pa
 
 from rlbus.bus import Bus, Delivery
-from rlbus.bus.store import Store, open_store
+from rlbus.bus.store import Store
 from rlbus.bus.store.arrow import events_to_arrow
 from rlbus.bus.store.client import block_token
 from rlbus.config import Settings
@@ -168,15 +167,3 @@ async def run_sink(
         consumed.set()
         await watching  # one last look at what the final batches stored
     return sink
-
-
-async def hold_store(
-    settings: Settings, stop: asyncio.Event, on_serve: Callable[[str], None]
-) -> Sink:
-    """The role's entry (`rlbus worker sink`): hold the store (migrated, with its dedup window),
-    serve read-only SQL to other processes on loopback while holding a chdb store (the
-    endpoint's URL goes to `on_serve`), and consume every topic into it until `stop`."""
-    with open_store(settings.store.url, dedup_window=settings.store.dedup_window) as store:
-        if settings.store.serve_http and store.data_dir is not None:
-            on_serve(store.serve(settings.store.http_host).url)
-        return await run_sink(settings, store, stop)

@@ -15,8 +15,8 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from rlbus.consumers.trainer.checkpoint import CheckpointStore
-from rlbus.consumers.trainer.engine import StepResult, Trainer
-from rlbus.consumers.trainer.worker import Hooks
+from rlbus.consumers.trainer.loop import Hooks
+from rlbus.consumers.trainer.step import StepResult, Trainer
 from rlbus.schemas import TrainSample
 
 

@@ -20,9 +20,9 @@ from torch.distributed.checkpoint.state_dict import (
 from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, NothingToResume, TrainerState
 from rlbus.consumers.trainer.distributed import TorchRanks
-from rlbus.consumers.trainer.engine import Trainer
-from rlbus.consumers.trainer.model import full_weights, load_policy
-from rlbus.consumers.trainer.worker import Hooks
+from rlbus.consumers.trainer.loop import Hooks
+from rlbus.consumers.trainer.policy import full_weights, load_policy
+from rlbus.consumers.trainer.step import Trainer
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 

@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rlbus.config.trainer import TrainerConfig
-from rlbus.consumers.trainer.engine import StepResult, Trainer
-from rlbus.consumers.trainer.model import load_policy, save_model
+from rlbus.consumers.trainer.policy import load_policy, save_model
+from rlbus.consumers.trainer.step import StepResult, Trainer
 from rlbus.schemas import TrainSample
 
 

@@ -7,7 +7,7 @@ import re
 import reasoning_gym
 
 from rlbus.producers.environment import TaskSet, metric, reward
-from rlbus.producers.tasksets.sources import reasoning_gym as reasoning_gym_rows
+from rlbus.producers.task_sources.sources import reasoning_gym as reasoning_gym_rows
 
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 

@@ -7,7 +7,7 @@ import ast
 import operator
 
 from rlbus.producers.environment import TaskSet, metric, reward, tool
-from rlbus.producers.tasksets.sources import reasoning_gym
+from rlbus.producers.task_sources.sources import reasoning_gym
 
 _OPS = {
     ast.Add: operator.add,

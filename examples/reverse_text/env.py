@@ -4,7 +4,7 @@ subsequence, and (as a group reward) a bonus for the most concise correct answer
 from __future__ import annotations
 
 from rlbus.producers.environment import TaskSet, group_reward, metric, reward
-from rlbus.producers.tasksets.generated import reverse_text
+from rlbus.producers.task_sources.generated import reverse_text
 
 
 def lcs_ratio(a: str, b: str) -> float:

@@ -33,9 +33,9 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from rlbus.bus import telemetry
-from rlbus.clients.chat import ChatAnswer, ChatClient, ChatError
+from rlbus.clients.chat_client import ChatAnswer, ChatClient, ChatError
 from rlbus.schemas import RolloutScored, TraceNode, derived_id
-from rlbus.schemas.messages import text_of
+from rlbus.schemas.chat import text_of
 from rlbus.schemas.packed import pack_tokens
 
 JUDGE_BRANCH = "judge"

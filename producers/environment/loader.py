@@ -23,8 +23,8 @@ from rlbus.config import ConfigError, deep_merge, format_validation_error
 from rlbus.config.env import EnvConfig
 from rlbus.producers.environment.rules import Rules, discover
 from rlbus.producers.environment.taskset import TaskSet
-from rlbus.producers.tasksets.sources import to_task
-from rlbus.producers.tasksets.stream import TaskStream
+from rlbus.producers.task_sources.sources import to_task
+from rlbus.producers.task_sources.stream import TaskStream
 
 GROUP = "rlbus.environments"
 VERIFIERS = "verifiers:"

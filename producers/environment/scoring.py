@@ -34,8 +34,8 @@ from rlbus.schemas import (
     TraceNode,
     derived_id,
 )
+from rlbus.schemas.chat import text_of
 from rlbus.schemas.events import RolloutEvent
-from rlbus.schemas.messages import text_of
 
 IDENTITY = tuple(f for f in RolloutEvent.__struct_fields__ if f not in Event.__struct_fields__)
 """The fields placing an event in its rollout, group and task: a score carries its rollout's."""

@@ -31,7 +31,7 @@ from rlbus.config import ConfigError
 from rlbus.producers.environment.rules import Rule, Rules
 from rlbus.producers.environment.taskset import TaskSet
 from rlbus.schemas import RolloutCompleted, TaskPublished, derived_id
-from rlbus.schemas.messages import text_of
+from rlbus.schemas.chat import text_of
 
 PREFIX = "verifiers:"
 ROW = "verifiers"

@@ -2,7 +2,7 @@
 
 from rlbus.producers.environment.loader import Environment
 from rlbus.producers.harnesses.base import Harness, HarnessError, Rollout
-from rlbus.producers.harnesses.chat import ChatHarness
+from rlbus.producers.harnesses.chat_loop import ChatHarness
 from rlbus.producers.harnesses.command import CommandHarness
 from rlbus.producers.harnesses.presets import PRESETS
 from rlbus.producers.harnesses.tools import ToolBox, open_toolbox, python_tool

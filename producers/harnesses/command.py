@@ -17,7 +17,7 @@ from rlbus.config.env import HarnessConfig
 from rlbus.producers.harnesses.base import HarnessError, Rollout
 from rlbus.producers.harnesses.presets import Launch, Preset, Start
 from rlbus.schemas import Messages
-from rlbus.schemas.messages import text_of
+from rlbus.schemas.chat import text_of
 
 TASK_FILE = "task.json"
 STATE_DIR = ".state"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from rlbus.config.env import HarnessConfig
 from rlbus.schemas import Messages
-from rlbus.schemas.messages import text_of
+from rlbus.schemas.chat import text_of
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 """Programs rlbus ships to run an agent library that has no command line of its own."""

@@ -13,7 +13,7 @@ from rlbus.config.env import UserModelConfig
 from rlbus.producers.environment.rules import Rule
 from rlbus.producers.harnesses.base import Rollout
 from rlbus.schemas import Messages
-from rlbus.schemas.messages import text_of
+from rlbus.schemas.chat import text_of
 
 
 class UserSimulator(Protocol):

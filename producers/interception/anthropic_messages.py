@@ -8,9 +8,9 @@ from typing import Any
 
 from rlbus.clients.openai_wire import sse, tool_call
 from rlbus.producers.interception.calls import CallResult, ModelCall
-from rlbus.producers.interception.messages import Message
+from rlbus.producers.interception.openai_messages import Message
 from rlbus.producers.interception.wire import BadRequest, Pieces, Request, unsent
-from rlbus.schemas.messages import text_of
+from rlbus.schemas.chat import text_of
 
 _TEXT_START = {"type": "text", "text": ""}
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}

@@ -1,6 +1,7 @@
 """The two backends behind the interception server.
 
-- EvalBackend: any OpenAI-compatible upstream (rlbus.clients.chat): from rlbus's own inference
+- EvalBackend: any OpenAI-compatible upstream (rlbus.clients.chat_client): from rlbus's own
+  inference
   server, exact token ids, log-probs and the policy version (the server renders each prompt
   itself); from any other, the messages and usage, log-probs only when asked for and offered.
 - TokenBackend: the inference server's token-in/token-out `/v1/generate`. Prompts are rendered
@@ -20,12 +21,12 @@ from typing import Any
 
 import msgspec
 
-from rlbus.clients.chat import ChatAnswer, ChatClient, ChatError
+from rlbus.clients.chat_client import ChatAnswer, ChatClient, ChatError
 from rlbus.clients.inference import InferenceClient, InferenceError
 from rlbus.clients.token_api import Delta, GenerateResult, SamplingParams
 from rlbus.config.env import ModelConfig
 from rlbus.producers.interception.calls import CallResult, ModelCall, Prior, UpstreamError
-from rlbus.producers.interception.messages import assistant_message
+from rlbus.producers.interception.openai_messages import assistant_message
 
 
 def _finish(reason: str | None, message: dict[str, Any]) -> str:

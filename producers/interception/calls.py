@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from rlbus.config.env import SamplingConfig
-from rlbus.producers.interception.messages import Message
+from rlbus.producers.interception.openai_messages import Message
 
 Tools = list[dict[str, Any]] | None
 """OpenAI function tools: [{"type": "function", "function": {name, description, parameters}}]."""

@@ -8,9 +8,9 @@ from typing import Any
 
 from rlbus.clients.openai_wire import error_body, error_kind, sse, tool_call
 from rlbus.producers.interception.calls import CallResult, ModelCall
-from rlbus.producers.interception.messages import Message
+from rlbus.producers.interception.openai_messages import Message
 from rlbus.producers.interception.wire import BadRequest, Pieces, Request, unsent
-from rlbus.schemas.messages import text_of
+from rlbus.schemas.chat import text_of
 
 _ROLES = {"developer": "system", "system": "system", "user": "user", "assistant": "assistant"}
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlbus.producers.interception.calls import CallResult, ModelCall, Prior, Tools
-from rlbus.producers.interception.messages import Message, canonical
+from rlbus.producers.interception.openai_messages import Message, canonical
 from rlbus.producers.interception.wire import BadRequest
 from rlbus.schemas import TokenRecord, TraceNode, derived_id
 from rlbus.schemas.packed import pack_logprobs, pack_tokens

@@ -2,9 +2,9 @@
 
 from rlbus.config.env import RuntimeConfig
 from rlbus.producers.runtimes.base import (
-    Endpoint,
     ExecResult,
     ProcessRuntime,
+    RolloutEndpoint,
     Runtime,
     Sandbox,
     run_process,
@@ -29,7 +29,7 @@ def make_runtime(config: RuntimeConfig) -> Runtime:
 __all__ = [
     "AutoRuntime",
     "DockerRuntime",
-    "Endpoint",
+    "RolloutEndpoint",
     "ExecResult",
     "LocalRuntime",
     "ProcessRuntime",

@@ -42,7 +42,7 @@ class ExecResult:
     """CPU time of the program's whole tree, where it was measured (cgroup)."""
 
 
-class Endpoint(Protocol):
+class RolloutEndpoint(Protocol):
     """A rollout's interception URL, for runtimes that give the program a network of its own."""
 
     @property
@@ -65,7 +65,7 @@ class Sandbox(Protocol):
         stdin: bytes | None = None,
         *,
         readable: Sequence[Path] = (),
-        endpoint: Endpoint | None = None,
+        endpoint: RolloutEndpoint | None = None,
     ) -> ExecResult:
         """Run argv to its end or its limits. `readable`: paths the program needs to read (a
         sandbox shows it nothing else of the host's files); `endpoint`: the rollout's URL (a
@@ -276,7 +276,7 @@ class RolloutSandbox:
         stdin: bytes | None = None,
         *,
         readable: Sequence[Path] = (),
-        endpoint: Endpoint | None = None,
+        endpoint: RolloutEndpoint | None = None,
     ) -> ExecResult:
         return await self.runtime.launch(self.workdir, argv, env, stdin, readable, endpoint)
 
@@ -301,6 +301,6 @@ class ProcessRuntime:
         env: dict[str, str],
         stdin: bytes | None,
         readable: Sequence[Path],
-        endpoint: Endpoint | None,
+        endpoint: RolloutEndpoint | None,
     ) -> ExecResult:
         raise NotImplementedError

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlbus.producers.runtimes.base import (
-    Endpoint,
     ExecResult,
     ProcessRuntime,
+    RolloutEndpoint,
     allowed_environment,
     run_process,
 )
@@ -103,7 +103,7 @@ class DockerRuntime(ProcessRuntime):
         env: dict[str, str],
         stdin: bytes | None,
         readable: Sequence[Path],
-        endpoint: Endpoint | None,
+        endpoint: RolloutEndpoint | None,
     ) -> ExecResult:
         name = f"rlbus-{uuid.uuid4().hex[:12]}"
         run, client_env = self.command(

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from rlbus.config.env import RuntimeConfig
 from rlbus.producers.runtimes.base import (
-    Endpoint,
     ExecResult,
     ProcessRuntime,
+    RolloutEndpoint,
     allowed_environment,
     cpu_limit,
     die_with_parent,
@@ -47,7 +47,7 @@ class LocalRuntime(ProcessRuntime):
         env: dict[str, str],
         stdin: bytes | None,
         readable: Sequence[Path],
-        endpoint: Endpoint | None,
+        endpoint: RolloutEndpoint | None,
     ) -> ExecResult:
         return await run_process(
             argv, env={**os.environ, **env}, cwd=workdir, config=self.config, stdin=stdin
@@ -87,7 +87,7 @@ class SubprocessRuntime(ProcessRuntime):
         env: dict[str, str],
         stdin: bytes | None,
         readable: Sequence[Path],
-        endpoint: Endpoint | None,
+        endpoint: RolloutEndpoint | None,
     ) -> ExecResult:
         limits = [cpu_limit(self.config.cpu_s)] if self.config.cpu_s is not None else []
         return await run_process(

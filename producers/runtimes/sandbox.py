@@ -25,9 +25,9 @@ from pathlib import Path
 
 from rlbus.config.env import RuntimeConfig
 from rlbus.producers.runtimes.base import (
-    Endpoint,
     ExecResult,
     ProcessRuntime,
+    RolloutEndpoint,
     allowed_environment,
     cpu_limit,
     die_with_parent,
@@ -144,7 +144,7 @@ class SandboxRuntime(ProcessRuntime):
         env: dict[str, str],
         stdin: bytes | None,
         readable: Sequence[Path],
-        endpoint: Endpoint | None,
+        endpoint: RolloutEndpoint | None,
     ) -> ExecResult:
         netns = await make_netns(endpoint.port if endpoint is not None else None)
         args = os.memfd_create("rlbus-bwrap-args")
@@ -204,6 +204,6 @@ class AutoRuntime(ProcessRuntime):
         env: dict[str, str],
         stdin: bytes | None,
         readable: Sequence[Path],
-        endpoint: Endpoint | None,
+        endpoint: RolloutEndpoint | None,
     ) -> ExecResult:
         return await self.chosen().launch(workdir, argv, env, stdin, readable, endpoint)

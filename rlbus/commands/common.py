@@ -43,6 +43,11 @@ ScorerVersionOption = Annotated[
     ),
 ]
 
+ResumeOption = Annotated[
+    bool,
+    typer.Option("--resume", help="Continue from the last checkpoint; fails if there is none."),
+]
+
 T = TypeVar("T")
 S = TypeVar("S", bound=Settings)
 

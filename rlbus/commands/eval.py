@@ -1,5 +1,5 @@
 """`rlbus eval ENV`: evaluate any OpenAI-compatible endpoint on an environment, with every event
-on the bus and in ClickHouse (rlbus.launch.evaluation does the work); a summary table at the end."""
+on the bus and in ClickHouse (rlbus.launch.eval does the work); a summary table at the end."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from rlbus.commands.common import (
 from rlbus.config import ConfigError
 from rlbus.config.env import cli_overrides
 from rlbus.console import console
-from rlbus.launch.evaluation import EvalError, EvalResult, run_eval
+from rlbus.launch.eval import EvalError, EvalResult, run_eval
 from rlbus.producers.environment import Environment, load_environment
-from rlbus.producers.eval_report import Report
+from rlbus.producers.eval_summary import EvalSummary
 
 EnvArgument = Annotated[
     str,
@@ -38,7 +38,7 @@ def _versions(counts: dict[str, int]) -> str:
     return ", ".join(f"{v or '(unversioned)'} ({n:,})" for v, n in counts.items())
 
 
-def version_line(report: Report) -> str:
+def version_line(report: EvalSummary) -> str:
     """Which scores the summary counts, and the run's scorer versions when it has several."""
     counted = report.scorer_version or f"each rollout's newest: {_versions(report.counted)}"
     if len(report.versions) < 2:
@@ -47,7 +47,7 @@ def version_line(report: Report) -> str:
 
 
 def render_report(
-    report: Report, env: Environment, title: str, extra: Sequence[tuple[str, str]] = ()
+    report: EvalSummary, env: Environment, title: str, extra: Sequence[tuple[str, str]] = ()
 ) -> None:
     """The summary every scoring command prints: one scorer version's rewards, pass@k, tokens
     and errors, as the store holds them."""

@@ -20,8 +20,8 @@ from rlbus.config import data_dir
 from rlbus.console import console, progress
 from rlbus.discovery import local_broker
 from rlbus.launch.local_sink import local_sink
-from rlbus.producers.tasksets.generated import reverse_text
-from rlbus.producers.tasksets.publish import publish_tasks
+from rlbus.producers.task_sources.generated import reverse_text
+from rlbus.producers.task_sources.publish import publish_tasks
 
 LANDED = "SELECT count() FROM tasks FINAL WHERE run_id = {run:String}"
 SUMMARY = (

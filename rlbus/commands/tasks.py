@@ -20,8 +20,8 @@ from rlbus.commands.common import (
 )
 from rlbus.console import console, progress
 from rlbus.discovery import require_bootstrap
-from rlbus.producers.tasksets import TaskSourceError, load_tasks
-from rlbus.producers.tasksets.publish import publish_tasks
+from rlbus.producers.task_sources import TaskSourceError, load_tasks
+from rlbus.producers.task_sources.publish import publish_tasks
 
 tasks_app = typer.Typer(help="Publish tasks for environments.", no_args_is_help=True)
 

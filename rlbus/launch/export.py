@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlbus.bus.store import Store
-from rlbus.bus.store.rollouts import NO_TOKENS_HELP, StoredRollout, describe, read_rollouts
+from rlbus.bus.store.rollout_reader import NO_TOKENS_HELP, StoredRollout, describe, read_rollouts
 from rlbus.schemas.packed import logprobs, mask, tokens
 from rlbus.schemas.samples import trace_samples
 

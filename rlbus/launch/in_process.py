@@ -13,8 +13,8 @@ from rlbus.bus import Bus, free_port
 from rlbus.bus.store import Store, open_store
 from rlbus.bus.waiting import wait_until
 from rlbus.config import data_dir
-from rlbus.config.run import RunConfig
-from rlbus.consumers.orchestrator.worker import Orchestrator
+from rlbus.config.runs import RunConfig
+from rlbus.consumers.orchestrator.loop import Orchestrator
 from rlbus.launch.dashboard import FINAL_STEP
 from rlbus.launch.env_files import env_file
 
@@ -29,12 +29,12 @@ async def local_roles(
     cfg.model and follows weights; `extra` roles run alongside (e.g. a scripted inference's
     weight acknowledgements). Yields the config (inference.url filled in), a bus and the store;
     the roles stop on leaving."""
-    from rlbus.consumers.inference.worker import serve
-    from rlbus.consumers.judge import run_judge
+    from rlbus.consumers.inference.main import run as serve
+    from rlbus.consumers.judge.main import run as run_judge
     from rlbus.consumers.sink import run_sink
-    from rlbus.consumers.trainer.role import trainer_role
-    from rlbus.producers.env_producer import run_env_producer
+    from rlbus.consumers.trainer.main import trainer_role
     from rlbus.producers.environment import load_environment
+    from rlbus.producers.main import run as run_env_producer
 
     stop = asyncio.Event()
     trainer_stop = asyncio.Event()
@@ -74,7 +74,7 @@ async def run_in_process(
     """`local_roles` and the orchestrator. Returns once the orchestrator is done and its last
     events are stored."""
     from rlbus.consumers.orchestrator.build import build_orchestrator
-    from rlbus.consumers.orchestrator.worker import run_orchestrator
+    from rlbus.consumers.orchestrator.loop import run_orchestrator
 
     async with local_roles(cfg, base_dir, extra) as (cfg, bus, store):
         orchestrator = build_orchestrator(bus, cfg, base_dir)

@@ -7,7 +7,7 @@ parentheses balanced, so it cannot end the clause early). Group rewards see each
 whole, while scores are published for the selected rollouts only. A rollout already scored by
 this version is skipped, so a repeat publishes nothing and an interrupted rescore resumes; the
 scores' ids come from the rollout and the version, so the store keeps one of each. Then it
-waits until the scores are in the store and reads back their summary (eval_report).
+waits until the scores are in the store and reads back their summary (read_eval_summary).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from rlbus.console import progress
 from rlbus.discovery import local_broker
 from rlbus.launch.local_sink import local_sink
 from rlbus.producers.environment import Environment, Scorer
-from rlbus.producers.eval_report import Report, eval_report
+from rlbus.producers.eval_summary import EvalSummary, read_eval_summary
 from rlbus.producers.evaluation import Tally
 from rlbus.schemas import RolloutCompleted
 
@@ -54,7 +54,7 @@ class RescoreResult:
     """Of those, already scored by this version."""
     tally: Tally
     """What this invocation scored."""
-    report: Report
+    report: EvalSummary
     """The version's scores of the run, as the store holds them now."""
     seconds: float
 
@@ -208,7 +208,7 @@ def rescore(
             )
         seconds = time.monotonic() - started
         with open_store(live.store.url, read_only=True) as store:
-            report = eval_report(store, run_id, env.id, version=scorer.version)
+            report = read_eval_summary(store, run_id, env.id, version=scorer.version)
     return RescoreResult(
         run_id, scorer.version, len(selected), len(selected) - len(chosen), tally, report, seconds
     )

@@ -20,12 +20,12 @@ from rlbus.bus.store import open_store
 from rlbus.bus.waiting import wait_for
 from rlbus.clients.inference import healthy
 from rlbus.config import Settings, data_dir
-from rlbus.config.run import RunConfig
+from rlbus.config.runs import RunConfig
 from rlbus.discovery import local_broker, reachable, store_served_elsewhere
+from rlbus.launch.broker_losses import unstored
 from rlbus.launch.dashboard import FINAL_STEP, Dashboard
 from rlbus.launch.env_files import env_file
 from rlbus.launch.local_sink import LocalSink
-from rlbus.launch.losses import unstored
 from rlbus.launch.processes import RoleProcess, alive
 
 

@@ -25,7 +25,7 @@ from rlbus.ui import charts
 from rlbus.ui.charts import Series, bar_chart, line_chart
 from rlbus.ui.figures import run_figures
 from rlbus.ui.graph import trace_svg
-from rlbus.ui.messages import messages
+from rlbus.ui.message_view import messages
 from rlbus.ui.queries import CONSOLE_ROWS, CONSOLE_SECONDS, Queries, RolloutFilters
 from rlbus.ui.source import StoreSource
 from rlbus.ui.tokens import BUCKETS, Decoder, strips

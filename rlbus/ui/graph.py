@@ -7,7 +7,7 @@ from __future__ import annotations
 from markupsafe import Markup, escape
 
 from rlbus.schemas import TraceNode
-from rlbus.ui.messages import summary
+from rlbus.ui.message_view import summary
 
 ROW, LANE, PAD = 24, 26, 14
 TEXT_WIDTH = 560

@@ -158,7 +158,7 @@ async def test_what_a_dead_broker_took_is_counted_exactly(tmp_path: Path) -> Non
     store's kafka_offset columns: a dead embedded broker's loss is the difference, per topic."""
     from rlbus.bus.store import open_store
     from rlbus.consumers.sink import run_sink
-    from rlbus.launch.losses import unstored
+    from rlbus.launch.broker_losses import unstored
 
     started = time.time()
     with EmbeddedBroker() as broker:

@@ -14,9 +14,9 @@ from rlbus.bus import Bus, Delivery
 from rlbus.cli import app
 from rlbus.config import Settings, settings_env
 from rlbus.config.env import cli_overrides
-from rlbus.consumers.judge import run_judge
-from rlbus.producers.env_producer import run_env_producer
+from rlbus.consumers.judge.main import run as run_judge
 from rlbus.producers.environment import load_environment
+from rlbus.producers.main import run as run_env_producer
 from rlbus.schemas import DeadLetter, RolloutCompleted, RolloutScored, TaskPublished
 from rlbus.testing import ScriptedServer
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from rlbus.bus import Bus, Delivery
 from rlbus.config import Settings, load_settings
-from rlbus.config.run import RunConfig
+from rlbus.config.runs import RunConfig
 from rlbus.consumers.orchestrator.build import build_orchestrator
-from rlbus.consumers.orchestrator.worker import run_orchestrator
+from rlbus.consumers.orchestrator.loop import run_orchestrator
 from rlbus.schemas import (
     Event,
     RolloutCompleted,
@@ -157,9 +157,9 @@ async def test_a_restarted_inference_worker_serves_the_runs_weights_before_anyth
     from safetensors.torch import save_file
 
     from rlbus.bus import free_port
+    from rlbus.consumers.inference.main import run_worker
     from rlbus.consumers.inference.model_init import init_model
     from rlbus.consumers.inference.service import build_app, build_backend
-    from rlbus.consumers.inference.worker import run_worker
 
     model = tmp_path / "tiny"
     init_model(model, seed=0)

@@ -15,9 +15,9 @@ from rlbus.bus.store import open_store
 from rlbus.bus.waiting import wait_until
 from rlbus.config import Settings
 from rlbus.config.env import cli_overrides
-from rlbus.launch.evaluation import run_eval
-from rlbus.producers.env_producer import run_env_producer
+from rlbus.launch.eval import run_eval
 from rlbus.producers.environment import load_environment
+from rlbus.producers.main import run as run_env_producer
 from rlbus.schemas import TaskPublished
 from rlbus.testing import ScriptedModel, ScriptedServer
 

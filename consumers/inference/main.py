@@ -18,7 +18,7 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rlbus.bus import Bus, Delivery
-from rlbus.bus.replay import read_back
+from rlbus.bus.topic_reader import read_back
 from rlbus.bus.waiting import wait_until
 from rlbus.config import Settings
 from rlbus.consumers.heartbeat import keep_announcing
@@ -133,7 +133,7 @@ async def run_worker(
         await serving
 
 
-async def serve(
+async def run(
     settings: Settings,
     model_path: str | Path,
     stop: asyncio.Event,

@@ -118,7 +118,7 @@ class Judge:
             await self.expire()
 
 
-async def run_judge(settings: Settings, envs: list[Environment], stop: asyncio.Event) -> Judge:
+async def run(settings: Settings, envs: list[Environment], stop: asyncio.Event) -> Judge:
     async with Bus.of(settings) as bus:
         judge = Judge(envs, bus)
         group = group_name(envs, settings.run_id)

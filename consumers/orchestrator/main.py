@@ -6,12 +6,12 @@ import asyncio
 from pathlib import Path
 
 from rlbus.bus import Bus
-from rlbus.config.run import RunConfig
+from rlbus.config.runs import RunConfig
 from rlbus.consumers.orchestrator.build import build_orchestrator
-from rlbus.consumers.orchestrator.worker import Orchestrator, run_orchestrator
+from rlbus.consumers.orchestrator.loop import Orchestrator, run_orchestrator
 
 
-async def orchestrate(cfg: RunConfig, base_dir: Path, stop: asyncio.Event) -> Orchestrator:
+async def run(cfg: RunConfig, base_dir: Path, stop: asyncio.Event) -> Orchestrator:
     """Turn scored rollouts into batches and publish tasks until the run is done (max_steps and
     the final evaluation; `done` is set) or `stop`. Environment paths in `cfg` are relative to
     `base_dir`. Raises ConfigError, KeyError or ValueError for a config it cannot build."""

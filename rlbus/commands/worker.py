@@ -14,6 +14,7 @@ from rlbus.commands.common import (
     OVERRIDES,
     OVERRIDES_HELP,
     ConfigOption,
+    ResumeOption,
     exits_on,
     fail,
     run_until_signal,
@@ -23,14 +24,9 @@ from rlbus.commands.common import (
 from rlbus.commands.eval import EnvArgument
 from rlbus.config import ConfigError, Settings
 from rlbus.config.env import cli_overrides
-from rlbus.config.run import RunConfig, load_run_config
+from rlbus.config.runs import RunConfig, load_run_config
 from rlbus.console import console
 from rlbus.consumers.inference.api import BackendKind
-
-ResumeOption = Annotated[
-    bool,
-    typer.Option("--resume", help="Continue from the last checkpoint; fails if there is none."),
-]
 
 
 def _settings(ctx: typer.Context, config: Path | None, role: str) -> Settings:
@@ -44,7 +40,7 @@ def _run_config(ctx: typer.Context, config: Path | None, role: str) -> RunConfig
 
 def sink(ctx: typer.Context, config: ConfigOption = None) -> None:
     """Consume every topic into ClickHouse; serve read-only SQL to other processes meanwhile."""
-    from rlbus.consumers.sink import hold_store
+    from rlbus.consumers.sink.main import run as hold_store
 
     settings = _settings(ctx, config, "sink")
     console.print(f"sink: {settings.kafka.bootstrap_servers} -> {settings.store.url}")
@@ -87,8 +83,8 @@ def env(
 ) -> None:
     """Env producer: consume `tasks` of ENV, run each task's group, publish traces, tokens and
     rollouts."""
-    from rlbus.producers.env_producer import run_env_producer
     from rlbus.producers.environment import load_environment
+    from rlbus.producers.main import run as run_env_producer
 
     settings = _settings(ctx, config, "env")
     with exits_on(ConfigError):
@@ -117,7 +113,7 @@ def judge(
 ) -> None:
     """Judge: consume `rollouts` of the given environments, publish `scored` (group rewards once
     a group is complete)."""
-    from rlbus.consumers.judge import run_judge
+    from rlbus.consumers.judge.main import run as run_judge
     from rlbus.producers.environment import load_environment
 
     # ENV... takes every word the options parser leaves, overrides included: they begin at the
@@ -162,7 +158,7 @@ def inference(
 ) -> None:
     """Serve a model (OpenAI chat completions, token-in/token-out generate, score) and load
     every WeightVersion of the run as it is published."""
-    from rlbus.consumers.inference.worker import serve
+    from rlbus.consumers.inference.main import run as serve
 
     settings: Settings = _settings(ctx, config, "inference")
     console.print(
@@ -187,7 +183,7 @@ def trainer(ctx: typer.Context, config: ConfigOption = None, resume: ResumeOptio
     """Trainer: consume `batches`, one optimizer step each; publish WeightVersion and TrainStep.
     Under torchrun (trainer.parallel = "fsdp") every rank runs this; rank 0 consumes."""
     from rlbus.consumers.trainer.checkpoint import NothingToResume
-    from rlbus.consumers.trainer.role import trainer_role
+    from rlbus.consumers.trainer.main import trainer_role
     from rlbus.consumers.trainer.session import CheckpointExists
 
     cfg = _run_config(ctx, config, "trainer")
@@ -207,8 +203,8 @@ def orchestrator(
 ) -> None:
     """Orchestrator: scored rollouts -> TrainBatches; publishes tasks with bounded work in flight.
     (It follows the trainer's announced version, so --resume needs nothing of it.)"""
-    from rlbus.consumers.orchestrator.role import orchestrate
-    from rlbus.consumers.orchestrator.worker import summary
+    from rlbus.consumers.orchestrator.loop import summary
+    from rlbus.consumers.orchestrator.main import run as orchestrate
 
     cfg = _run_config(ctx, config, "orchestrator")
     base_dir = config.parent if config else Path.cwd()

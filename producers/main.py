@@ -71,7 +71,7 @@ class EnvProducer:
         self.rollouts += len(outputs)
 
 
-async def run_env_producer(
+async def run(
     settings: Settings,
     env: Environment,
     stop: asyncio.Event,

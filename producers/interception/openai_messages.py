@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rlbus.schemas.messages import text_of
+from rlbus.schemas.chat import text_of
 
 Message = dict[str, Any]
 

@@ -1,12 +1,12 @@
 """Task sets: where tasks come from."""
 
-from rlbus.producers.tasksets.sources import (
+from rlbus.producers.task_sources.sources import (
     TaskSourceError,
     load_tasks,
     read_rows,
     reasoning_gym,
     to_task,
 )
-from rlbus.producers.tasksets.stream import TaskStream
+from rlbus.producers.task_sources.stream import TaskStream
 
 __all__ = ["TaskSourceError", "TaskStream", "load_tasks", "read_rows", "reasoning_gym", "to_task"]

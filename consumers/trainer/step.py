@@ -20,7 +20,7 @@ from rlbus.config.trainer import OptimConfig, TrainerConfig
 from rlbus.consumers.trainer.batching import MicroBatch, micro_batches
 from rlbus.consumers.trainer.distributed import Ranks, SingleProcess
 from rlbus.consumers.trainer.losses import TokenTensors, get_loss, mismatch_kl, supervised_loss
-from rlbus.consumers.trainer.model import token_logprobs
+from rlbus.consumers.trainer.policy import token_logprobs
 from rlbus.schemas import TrainSample, masks
 
 

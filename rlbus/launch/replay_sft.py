@@ -14,11 +14,11 @@ from pathlib import Path
 
 from rlbus.bus import Bus
 from rlbus.bus.store import open_store
-from rlbus.config.run import ReplayConfig
-from rlbus.consumers.orchestrator.replay import StoredSamples, stored_samples
-from rlbus.consumers.trainer.engine import StepResult
+from rlbus.config.runs import ReplayConfig
+from rlbus.consumers.orchestrator.stored_samples import StoredSamples, stored_samples
+from rlbus.consumers.trainer.loop import step_event
 from rlbus.consumers.trainer.sft import train_sft
-from rlbus.consumers.trainer.worker import step_event
+from rlbus.consumers.trainer.step import StepResult
 from rlbus.discovery import local_broker
 from rlbus.launch.local_sink import local_sink
 from rlbus.schemas import TrainBatch, TrainSample, WeightVersion, derived_id

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlbus.bus.store import Store
-from rlbus.bus.store.rollouts import NO_TOKENS_HELP, describe, read_rollouts
+from rlbus.bus.store.rollout_reader import NO_TOKENS_HELP, describe, read_rollouts
 from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig, GroupMember, make_algorithm
 from rlbus.schemas import RolloutCompleted, TrainSample
 from rlbus.schemas.samples import trace_samples

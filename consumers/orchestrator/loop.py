@@ -17,12 +17,12 @@ import numpy as np
 from opentelemetry.trace import SpanKind
 
 from rlbus.bus import Bus, Delivery, telemetry
-from rlbus.bus.replay import read_back
+from rlbus.bus.topic_reader import read_back
 from rlbus.config.orchestrator import OrchestratorConfig
 from rlbus.consumers.orchestrator.algorithms import Algorithm
 from rlbus.consumers.orchestrator.join import Group, Joiner
 from rlbus.consumers.orchestrator.pacing import Pacer
-from rlbus.consumers.orchestrator.tasks import EVAL_VERSION, SPLIT, TaskSource
+from rlbus.consumers.orchestrator.task_draw import EVAL_VERSION, SPLIT, TaskSource
 from rlbus.producers.environment.judges import JUDGE_BRANCH
 from rlbus.schemas import (
     TaskPublished,

@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind
 from rlbus.bus import Bus, Delivery, telemetry
 from rlbus.consumers.heartbeat import keep_announcing
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, TrainerState
-from rlbus.consumers.trainer.engine import StepResult
+from rlbus.consumers.trainer.step import StepResult
 from rlbus.schemas import TrainBatch, TrainSample, TrainStep, WeightVersion, derived_id, group_of
 from rlbus.schemas.staleness import filter_stale
 

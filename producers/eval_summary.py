@@ -21,7 +21,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 @dataclass
-class Report:
+class EvalSummary:
     run_id: str
     scorer_version: str = ""
     """The version asked for; '' for each rollout's newest score."""
@@ -53,13 +53,13 @@ def scorer_versions(store: Store, run_id: str, env_id: str) -> dict[str, int]:
     return {str(version): int(n) for version, n, _ in rows}
 
 
-def eval_report(
+def read_eval_summary(
     store: Store,
     run_id: str,
     env_id: str,
     pass_threshold: float = 1.0,
     version: str | None = None,
-) -> Report:
+) -> EvalSummary:
     """`version`: the scorer version to read (default: each rollout's newest score)."""
     versions = scorer_versions(store, run_id, env_id)
     if version is not None and version not in versions:
@@ -68,7 +68,7 @@ def eval_report(
             f"its versions: {', '.join(map(repr, versions)) or 'none'}"
         )
     where = {"run": run_id, "env": env_id, "version": version or ""}
-    report = Report(run_id, version or "", versions)
+    report = EvalSummary(run_id, version or "", versions)
     rollouts = "run_id = {run:String} AND env = {env:String}"
     scores = "scores_at(version = {version:String})"
     row = store.query(

@@ -22,9 +22,9 @@ import torch
 import torch.multiprocessing as mp
 
 from rlbus.bus import Bus, free_port
-from rlbus.config.run import RunConfig
+from rlbus.config.runs import RunConfig
+from rlbus.consumers.trainer.loop import Step, TrainerWorker, run_trainer
 from rlbus.consumers.trainer.session import Session, open_session
-from rlbus.consumers.trainer.worker import Step, TrainerWorker, run_trainer
 
 
 class TrainerRole:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from rlbus.bus.connection import client_options
-from rlbus.bus.messages import from_record
+from rlbus.bus.records import from_record
 from rlbus.schemas import Event
 
 if TYPE_CHECKING:

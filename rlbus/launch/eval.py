@@ -18,7 +18,7 @@ from rlbus.console import progress
 from rlbus.discovery import local_broker
 from rlbus.launch.local_sink import LocalSink, local_sink
 from rlbus.producers.environment import Environment
-from rlbus.producers.eval_report import Report, eval_report, latest_run, scored_tasks
+from rlbus.producers.eval_summary import EvalSummary, latest_run, read_eval_summary, scored_tasks
 from rlbus.producers.evaluation import EvalPipeline, Tally
 from rlbus.producers.interception import InterceptionServer
 from rlbus.producers.rollouts import RolloutRunner
@@ -36,7 +36,7 @@ class EvalResult:
     run_id: str
     tally: Tally
     """This invocation's rollouts (a resumed run's earlier ones are only in `report`)."""
-    report: Report
+    report: EvalSummary
     skipped_tasks: int
     seconds: float
     """Wall time from the first rollout to the last score landing in the store."""
@@ -133,7 +133,7 @@ def run_eval(
         seconds = time.monotonic() - started
         with open_store(live.store.url, read_only=True) as store:
             try:
-                report = eval_report(store, run_id, env.id, pass_threshold, scorer_version)
+                report = read_eval_summary(store, run_id, env.id, pass_threshold, scorer_version)
             except KeyError as exc:
                 raise EvalError(exc.args[0]) from None
     return EvalResult(run_id, tally, report, len(done), seconds)
