@@ -373,7 +373,6 @@ class EventSubscriber(Subscriber[EventHandler]):
         try:
             while not stop.is_set():
                 await settle()
-                await self._load_progress(consumer)
                 free = self.concurrency - len(running)
                 if free <= 0:
                     timeout = self.poll_timeout_ms / 1000
@@ -386,6 +385,9 @@ class EventSubscriber(Subscriber[EventHandler]):
                 )
                 if not polled:
                     continue
+                # The poll that joined the group may already bring a new partition's records:
+                # what earlier members finished is read before any of them is decoded.
+                await self._load_progress(consumer)
                 good, skipped = self._decode(polled, offsets.holds)
                 for record, d in good:
                     offsets.holds.add(d.topic, d.partition, d.offset)
