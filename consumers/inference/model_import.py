@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -327,17 +328,13 @@ def _load(source: Source, dtype: Dtype) -> tuple[PreTrainedModel, PreTrainedToke
 
     torch_dtype = getattr(torch, dtype)
     if source.kind == "hf":
-        tokenizer = AutoTokenizer.from_pretrained(source.path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(
-            source.path, dtype=torch_dtype, local_files_only=True
-        )
+        tokenizer = AutoTokenizer.from_pretrained(source.path)
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype)
         return model, tokenizer
     folder, name = source.path.parent, source.path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     # Dequantized to float32 first: the weights as the GGUF means them, rounded once to dtype.
-    gguf_model = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=name, dtype=torch.float32, local_files_only=True
-    )
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = gguf_model.config
     # save_pretrained refuses a model that carries a GGUF quantization config; its weights are
     # already dequantized, so a model built from the bare config takes them as they are.
@@ -354,6 +351,9 @@ def _staged(out: Path) -> Iterator[Path]:
     (the old `out`, if any, goes only then) and removed when it fails."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.importing-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make OUT private to its writer
     try:
         yield staging
         if out.exists():
