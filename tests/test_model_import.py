@@ -234,3 +234,12 @@ def test_a_hf_dir_imports_in_bfloat16(smollm2_dir: Path, tmp_path: Path) -> None
     original = AutoModelForCausalLM.from_pretrained(smollm2_dir)
     expected = original.model.embed_tokens.weight.to(torch.bfloat16)
     assert torch.equal(model.model.embed_tokens.weight, expected)
+
+
+def test_a_chat_template_that_does_not_render(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    init_model(src)
+    template = tmp_path / "broken.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}")  # no endfor
+    message = refused(src, tmp_path / "out", chat_template=template)
+    assert f"{template}: the chat template does not render" in message
