@@ -4,8 +4,8 @@ groups a batch takes."""
 
 from __future__ import annotations
 
-from rlbus.consumers.orchestrator.loop import ReadyGroup, take_oldest
 from rlbus.consumers.orchestrator.pacing import MIN_KEEP_RATE, Pacer
+from rlbus.consumers.orchestrator.staleness_gate import ReadyGroup, take_oldest
 from rlbus.schemas import TrainSample
 
 

@@ -12,6 +12,7 @@ from rlbus.config.runs import RunConfig
 from rlbus.consumers.orchestrator.algorithms import Context, make_algorithm
 from rlbus.consumers.orchestrator.join import Joiner
 from rlbus.consumers.orchestrator.loop import Orchestrator
+from rlbus.consumers.orchestrator.pacing import pacing_for
 from rlbus.consumers.orchestrator.task_draw import Source, TaskSource
 from rlbus.producers.environment import Environment, load_environment
 
@@ -59,4 +60,5 @@ def build_orchestrator(bus: Bus, cfg: RunConfig, base_dir: Path) -> Orchestrator
         o.seed,
     )
     joiner = Joiner(cfg.run_id, set(envs), lambda env: envs[env].config.sampling.temperature or 1.0)
-    return Orchestrator(bus, o, cfg.run_id, cfg.max_steps, tasks, algorithms, joiner)
+    pacing = pacing_for(o, cfg.max_steps)
+    return Orchestrator(bus, o, cfg.run_id, cfg.max_steps, tasks, algorithms, joiner, pacing)

@@ -1,4 +1,9 @@
-"""How many training tasks the orchestrator may publish now, in async mode.
+"""When the orchestrator batches and how many training tasks it publishes, by mode (picked once,
+by `pacing_for`): SyncPacing runs a step's tasks, batches them once all are back, and waits for
+inference to serve the new weights; AsyncPacing batches as soon as a step's groups are ready and
+keeps tasks in flight as the Pacer allows.
+
+How many training tasks may go out in async mode (the Pacer):
 
 Tasks are paced in the groups they are expected to yield: when most groups are dropped
 (zero signal on a nearly solved task set, too-long samples), a step needs several times
@@ -18,6 +23,10 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from rlbus.config.orchestrator import OrchestratorConfig
 
 BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
@@ -95,3 +104,104 @@ class Pacer:
                 break
             room += 1
         return room
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the run stands, as a pacing policy sees it."""
+
+    step: int
+    """Batches published so far."""
+    ready: int
+    """Groups waiting for a batch."""
+    inflight: int
+    """Training tasks published whose groups have not come back."""
+    served: int
+    """The newest version inference serves."""
+    start_version: int
+    """The trainer's first announced version."""
+
+
+class Pacing(Protocol):
+    pacer: Pacer
+    """Observed with every training group in either mode: it says when groups error whole."""
+
+    def may_batch(self, at: Progress) -> int | None:
+        """How many ready groups to batch now (the oldest ones); None: no batch now."""
+        ...
+
+    def batched(self, published: bool) -> None:
+        """The batch may_batch asked for went out (False: none of its samples was fresh enough,
+        so nothing was published)."""
+        ...
+
+    def tasks_to_publish(self, at: Progress) -> int:
+        """Training tasks to publish now, after batching; they are published."""
+        ...
+
+
+class AsyncPacing:
+    """async: rollouts of the next steps run while the trainer trains."""
+
+    def __init__(self, pacer: Pacer, tasks_per_step: int, max_steps: int):
+        self.pacer = pacer
+        self.tasks_per_step = tasks_per_step
+        self.max_steps = max_steps
+
+    def may_batch(self, at: Progress) -> int | None:
+        if at.ready >= self.tasks_per_step and at.step < self.max_steps:
+            return self.tasks_per_step
+        return None
+
+    def batched(self, published: bool) -> None:
+        """Nothing to change: a stale batch's groups are gone, the next ones are batched."""
+
+    def tasks_to_publish(self, at: Progress) -> int:
+        if at.served < at.start_version:
+            return 0  # on a resume, inference first loads the trainer's weights
+        return self.pacer.room(at.step, self.max_steps, at.ready, at.inflight, at.served)
+
+
+class SyncPacing:
+    """sync: each step's tasks go out once inference serves the version the last batch trained
+    (the trainer's first one at the start), and its batch once every group has come back."""
+
+    def __init__(self, pacer: Pacer, tasks_per_step: int, max_steps: int):
+        self.pacer = pacer
+        self.tasks_per_step = tasks_per_step
+        self.max_steps = max_steps
+        self.collecting = False
+        """This step's tasks are out; its batch goes when all have come back."""
+        self.another_round = False
+        """Every group of the step came back (some may have been dropped) with nothing to train
+        on: the step gets another round of tasks instead of an empty batch."""
+
+    def may_batch(self, at: Progress) -> int | None:
+        every_group_back = self.collecting and not at.inflight and not self.another_round
+        return at.ready if every_group_back and at.step < self.max_steps else None
+
+    def batched(self, published: bool) -> None:
+        if published:
+            self.collecting = False
+        else:
+            self.another_round = True
+
+    def tasks_to_publish(self, at: Progress) -> int:
+        if at.step >= self.max_steps:
+            return 0
+        if self.another_round:
+            self.another_round = False
+            return self.tasks_per_step
+        # Batch `step` trains version step-1 into version `step`: once inference serves that,
+        # the next step's rollouts are sampled by the newest weights.
+        if not self.collecting and at.served >= at.step:
+            self.collecting = True
+            return self.tasks_per_step
+        return 0
+
+
+def pacing_for(cfg: OrchestratorConfig, max_steps: int) -> Pacing:
+    """The pacing policy cfg.mode names."""
+    pacer = Pacer(cfg.tasks_per_step, cfg.max_off_policy_steps, cfg.max_inflight_tasks)
+    kind = AsyncPacing if cfg.mode == "async" else SyncPacing
+    return kind(pacer, cfg.tasks_per_step, max_steps)
