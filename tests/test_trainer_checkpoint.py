@@ -167,3 +167,56 @@ async def test_a_clean_stop_saves_the_state_of_the_steps_since_the_last(
     assert session.checkpoints.latest_step() is None
     await worker.save_state()
     assert session.checkpoints.latest_step() == 1 and holds.offsets("batches", 0) == []
+
+
+def test_replay_sft_fine_tunes_a_pretrained_model_at_a_small_rate() -> None:
+    from rlbus.config.runs import ReplayConfig
+
+    assert ReplayConfig().trainer.optim.lr <= 5e-5
+    assert (
+        ReplayConfig.model_validate({"trainer": {"optim": {"lr": 1e-3}}}).trainer.optim.lr == 1e-3
+    )
+
+
+def test_memory_estimate_refuses_what_cannot_fit_and_sizes_micro_batches(tied: Path) -> None:
+    from rlbus.config.trainer import LoraConfig
+    from rlbus.consumers.trainer.memory import (
+        USABLE,
+        NotEnoughMemory,
+        estimate,
+        micro_batch_tokens,
+    )
+    from rlbus.consumers.trainer.policy import load_policy
+
+    model = load_policy(tied, LoraConfig())
+    est = estimate(model, gradient_checkpointing=False)
+    room = est.total(4096)
+    with pytest.raises(NotEnoughMemory, match=r"lower trainer.micro_batch_tokens.*gradient_check"):
+        micro_batch_tokens(model, 8192, False, "cpu", available=room)
+    assert micro_batch_tokens(model, 4096, False, "cpu", available=room) == 4096  # honoured
+    # Unset: the largest power of two whose estimate fits in USABLE of what is available.
+    plenty = int(est.total(2048) / USABLE) + 1
+    assert micro_batch_tokens(model, None, False, "cpu", available=plenty) == 2048
+    assert micro_batch_tokens(model, None, True, "cpu", available=plenty) > 2048
+    with pytest.raises(NotEnoughMemory, match="weights and optimizer state alone"):
+        micro_batch_tokens(model, 256, False, "cpu", available=est.fixed_bytes // 2)
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tied: Path) -> None:
+    from rlbus.config.trainer import LoraConfig
+    from rlbus.consumers.trainer.policy import load_policy
+    from rlbus.consumers.trainer.step import Trainer
+
+    runs = []
+    for checkpointing in (False, True):
+        model = load_policy(tied, LoraConfig(), gradient_checkpointing=checkpointing)
+        assert model.is_gradient_checkpointing == checkpointing
+        cfg = TrainerConfig(micro_batch_tokens=64, gradient_checkpointing=checkpointing)
+        result = Trainer(model, cfg, total_steps=1).step(batch(1).samples + batch(2).samples)
+        # The step zeroes its gradients: their norm and the weights AdamW made of them remain.
+        runs.append((result.loss, result.grad_norm, dict(model.named_parameters())))
+    (loss, norm, plain), (loss_ckpt, norm_ckpt, ckpt) = runs
+    assert loss == pytest.approx(loss_ckpt, rel=1e-6)
+    assert norm == pytest.approx(norm_ckpt, rel=1e-5)
+    for name, weight in plain.items():
+        torch.testing.assert_close(ckpt[name], weight, rtol=1e-5, atol=1e-6)
