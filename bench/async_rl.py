@@ -240,7 +240,7 @@ def main() -> None:
         table.add_row(mode, f"{r['wall']:.1f}", f"{r['tokens_per_s']:,.0f}", str(r["staleness"]))
     console.print(table)
     batches = [b for b in results["async"]["batches"] if b.samples]
-    cfg = TrainerConfig()
+    cfg = TrainerConfig(micro_batch_tokens=16384)  # the same micro-batches for both loops
     engine = engine_tokens_per_s(model, batches, cfg)
     bare = bare_tokens_per_s(model, batches, cfg.micro_batch_tokens)
     console.print(

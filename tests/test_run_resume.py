@@ -63,9 +63,12 @@ def batch(run_id: str, step: int) -> TrainBatch:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("checkpoint_every", [1, 4])
 def test_killed_trainer_resumes_and_trains_every_batch_once(
-    settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path, checkpoint_every: int
 ) -> None:
+    """With checkpoint_every = 4 it is killed after weights 6, past its state of step 4: the
+    batches of steps 5 and 6 were trained but not saved, so they must come back."""
     model = tmp_path / "tiny"
     init_model(model, seed=0)
     steps = 12
@@ -81,6 +84,8 @@ def test_killed_trainer_resumes_and_trains_every_batch_once(
         str(ckpt),
         "--trainer.threads",
         "1",
+        "--trainer.checkpoint-every",
+        str(checkpoint_every),
     ]
     log = tmp_path / "trainer.log"
 
@@ -102,7 +107,8 @@ def test_killed_trainer_resumes_and_trains_every_batch_once(
     first = trainer_process(settings, args, log)
     latest = ckpt / "latest.json"
     deadline = time.monotonic() + 180
-    while not (latest.exists() and json.loads(latest.read_text())["step"] >= 3):
+    past = 3 if checkpoint_every == 1 else checkpoint_every + 2
+    while not (ckpt / "weights" / f"v{past:06d}.safetensors").exists():
         assert first.poll() is None, log.read_text()[-3000:]
         assert time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.05)
@@ -112,6 +118,8 @@ def test_killed_trainer_resumes_and_trains_every_batch_once(
     assert killed_at < steps, (
         "the trainer finished before it could be killed; make the batches bigger"
     )
+    if checkpoint_every > 1:
+        assert killed_at < past, "killed after its next state; make the batches bigger"
 
     again = subprocess.run(
         [sys.executable, "-c", CLI, "worker", "trainer", *args],

@@ -1,7 +1,8 @@
 """Trainer checkpoints and published weights, at any fsspec URL, written atomically.
 
-    <base>/weights/v000012.safetensors   what WeightVersion 12 points at (full, merged weights)
-    <base>/state/step-000012/state.pt    model + optimizer + scheduler + RNG
+    <base>/weights/v000012.safetensors   what WeightVersion 12 points at (full, merged weights,
+                                         in trainer.weights_dtype; a tied head is left out)
+    <base>/state/step-000012/state.pt    model + optimizer + scheduler (every checkpoint_every)
     <base>/state/step-000012/meta.json   step, version, ids of every batch trained so far
     <base>/latest.json                   {"step": 12, "state": "state/step-000012"}
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -39,12 +41,28 @@ class TrainerState:
     """Every batch trained, in order: a redelivered one is skipped."""
 
 
+@dataclass(frozen=True)
+class WrittenWeights:
+    uri: str
+    bytes: int
+    seconds: float
+    """Casting, serialising and writing."""
+
+
 class CheckpointStore:
-    def __init__(self, url: str, keep_states: int = 2, keep_weights: int = 8):
+    def __init__(
+        self,
+        url: str,
+        keep_states: int = 2,
+        keep_weights: int = 3,
+        weights_dtype: torch.dtype | None = None,
+    ):
         self.folder = Folder(url)
         self.url = self.folder.url
         self.keep_states = keep_states
         self.keep_weights = keep_weights
+        self.weights_dtype = weights_dtype
+        """Floating tensors are written in this dtype (None: as they are)."""
 
     def weights_uri(self, version: int) -> str:
         return self.folder.uri(f"weights/v{version:06d}.safetensors")
@@ -52,18 +70,26 @@ class CheckpointStore:
     def has_weights(self, version: int) -> bool:
         return self.folder.exists(f"weights/v{version:06d}.safetensors")
 
-    def write_weights(self, version: int, tensors: dict[str, torch.Tensor]) -> str:
-        """Write a weight version; returns its URI for WeightVersion. Weights with a NaN or an
-        infinity are refused: inference must never load them."""
+    def write_weights(self, version: int, tensors: dict[str, torch.Tensor]) -> WrittenWeights:
+        """Write a weight version (tied duplicates already left out: safetensors refuses tensors
+        sharing memory). Weights with a NaN or an infinity are refused: inference must never
+        load them."""
+        started = time.perf_counter()
         broken = [name for name, t in tensors.items() if not bool(torch.isfinite(t).all())]
         if broken:
             raise NonFiniteWeights(
                 f"weights of version {version} hold non-finite values in {broken[:5]} "
                 f"({len(broken)} tensors); not written"
             )
-        self.folder.write(f"weights/v{version:06d}.safetensors", safetensors_bytes(tensors))
+        if self.weights_dtype is not None:
+            tensors = {
+                k: t.to(self.weights_dtype) if t.is_floating_point() else t
+                for k, t in tensors.items()
+            }
+        raw = safetensors_bytes(tensors)
+        self.folder.write(f"weights/v{version:06d}.safetensors", raw)
         self._prune("weights", self.keep_weights)
-        return self.weights_uri(version)
+        return WrittenWeights(self.weights_uri(version), len(raw), time.perf_counter() - started)
 
     def save(self, state: TrainerState, tensors: dict) -> None:
         """Save model/optimizer tensors and the trainer state, then point latest.json at them."""

@@ -1,10 +1,11 @@
 """`rlbus worker trainer`: consume `batches`, train one optimizer step per TrainBatch, write
 weights + checkpoint, publish WeightVersion and TrainStep.
 
-Exactly-once training on an at-least-once bus: the checkpoint (with the ids of every batch
-trained) is written before the batch's offset is committed, so a crash either redelivers a
-batch the checkpoint does not hold (trained again from that checkpoint) or one it holds
-(skipped, its WeightVersion re-announced under the same event id).
+Exactly-once training on an at-least-once bus: the trainer state (with the ids of every batch
+trained) is saved every `checkpoint_every` steps, and a batch's offset stays held (uncommitted)
+until a saved state holds it. A crash thus redelivers every batch the last state does not hold
+(trained again from that state) and perhaps some it holds (skipped, its WeightVersion
+re-announced under the same event id). Weights are published every step.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from opentelemetry.trace import SpanKind
 
 from rlbus.bus import Bus, Delivery, telemetry
 from rlbus.consumers.heartbeat import keep_announcing
-from rlbus.consumers.trainer.checkpoint import CheckpointStore, TrainerState
+from rlbus.consumers.trainer.checkpoint import CheckpointStore, TrainerState, WrittenWeights
 from rlbus.consumers.trainer.step import StepResult
 from rlbus.schemas import TrainBatch, TrainSample, TrainStep, WeightVersion, derived_id, group_of
 from rlbus.schemas.staleness import filter_stale
@@ -55,6 +56,7 @@ class TrainerWorker:
         max_off_policy_steps: int,
         max_steps: int,
         stop: asyncio.Event,
+        checkpoint_every: int = 1,
     ):
         self.bus = bus
         self.step = step
@@ -65,6 +67,11 @@ class TrainerWorker:
         self.max_off_policy_steps = max_off_policy_steps
         self.max_steps = max_steps
         self.stop = stop
+        self.checkpoint_every = checkpoint_every
+        self.saved_step = state.step
+        """The step of the newest saved state."""
+        self.unsaved: list[Delivery] = []
+        """Batches trained since that state, held uncommitted until the next one is saved."""
         self.trained = set(state.batch_ids)
         self.skipped: Counter[str] = Counter()
         """Steps that left the weights as they were, by reason (StepResult.skipped)."""
@@ -114,9 +121,19 @@ class TrainerWorker:
             parent = telemetry.extract_context(delivery.headers) if telemetry.enabled() else None
             attributes = {"rlbus.batch_id": batch.batch_id, "rlbus.step": batch.step}
             with telemetry.span(f"train step {batch.step}", SpanKind.CONSUMER, parent, attributes):
-                await self.train(batch)
+                await self.train(batch, delivery)
 
-    async def train(self, batch: TrainBatch) -> None:
+    async def save_state(self) -> None:
+        """Save the trainer state if steps were trained since the last, then let the bus commit
+        past the batches it holds."""
+        if self.state.step != self.saved_step:
+            await asyncio.to_thread(self.checkpoints.save, self.state, self.hooks.state())
+            self.saved_step = self.state.step
+        for delivery in self.unsaved:
+            delivery.release()
+        self.unsaved.clear()
+
+    async def train(self, batch: TrainBatch, delivery: Delivery) -> None:
         fresh = filter_stale(batch.samples, self.state.step, self.max_off_policy_steps)
         if fresh.dropped:
             log.warning(
@@ -131,10 +148,19 @@ class TrainerWorker:
         self.state.step += 1
         self.state.batch_ids.append(batch.batch_id)
         self.trained.add(batch.batch_id)
-        await asyncio.to_thread(
+        delivery.hold()
+        self.unsaved.append(delivery)
+        written = await asyncio.to_thread(
             self.checkpoints.write_weights, self.state.step, self.hooks.weights()
         )
-        await asyncio.to_thread(self.checkpoints.save, self.state, self.hooks.state())
+        log.info(
+            "weights version %d: %.1f MB written in %.2fs",
+            self.state.step,
+            written.bytes / 1e6,
+            written.seconds,
+        )
+        if self.state.step % self.checkpoint_every == 0 or self.state.step >= self.max_steps:
+            await self.save_state()
         self.last = result
         await self._announce(
             step_event(
@@ -144,6 +170,7 @@ class TrainerWorker:
                 result,
                 batch.dropped_stale + fresh.dropped,
                 fresh.histogram,
+                written,
             )
         )
         if result.skipped:
@@ -174,9 +201,10 @@ def step_event(
     r: StepResult,
     dropped: int,
     histogram: dict[str, int],
+    written: WrittenWeights | None = None,
 ) -> TrainStep:
     """What a train step publishes (the trainer's, and `rlbus replay sft`'s): `step` is the
-    weights version it wrote."""
+    weights version it wrote (`written`: its size and write time, when one was written)."""
     return TrainStep(
         event_id=derived_id(run_id, "train-step", step),
         run_id=run_id,
@@ -197,6 +225,11 @@ def step_event(
             "loss_tokens": float(r.num_tokens),
             "step_s": r.seconds,
             "batch_step": float(batch.step),
+            **(
+                {"weights_mb": written.bytes / 1e6, "weights_write_s": written.seconds}
+                if written
+                else {}
+            ),
         },
     )
 
@@ -221,4 +254,7 @@ async def run_trainer(bus: Bus, worker: TrainerWorker) -> TrainerWorker:
         await consume(worker.handle).run(worker.stop)
     finally:
         announcing.cancel()
+    # A clean stop keeps what was trained since the last state: its batches, still uncommitted,
+    # come back on the next start and are skipped as trained.
+    await worker.save_state()
     return worker

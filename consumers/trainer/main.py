@@ -35,11 +35,13 @@ class TrainerRole:
         """Rank 0: the bus consumer; other ranks `follow` it."""
         self._leader = None
         self.step: Step = session.trainer.step
+        self.hooks = session.hooks
         if cfg.trainer.parallel == "fsdp" and self.leads:
             from rlbus.consumers.trainer.fsdp import Leader
 
             self._leader = Leader(session.trainer)
             self.step = self._leader.step
+            self.hooks = self._leader.hooks(session.hooks)
 
     async def run(self, stop: asyncio.Event) -> int:
         """Rank 0: train every batch of the run until max_steps or `stop`; returns the step."""
@@ -50,11 +52,12 @@ class TrainerRole:
                 self.step,
                 s.checkpoints,
                 s.state,
-                s.hooks,
+                self.hooks,
                 cfg.run_id,
                 cfg.orchestrator.max_off_policy_steps,
                 cfg.max_steps,
                 stop,
+                s.checkpoint_every,
             )
             await run_trainer(bus, worker)
         return s.state.step
@@ -63,8 +66,7 @@ class TrainerRole:
         """Ranks > 0: mirror rank 0's steps until it stops."""
         from rlbus.consumers.trainer.fsdp import follow
 
-        s = self.session
-        follow(s.trainer, s.hooks, s.checkpoints, s.state.step)
+        follow(self.session.trainer, self.session.hooks)
 
     def close(self) -> None:
         if self._leader is not None:

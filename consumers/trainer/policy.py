@@ -12,10 +12,15 @@ from rlbus.config.trainer import LoraConfig
 from rlbus.consumers.trainer.batching import MicroBatch
 
 
-def load_policy(path: str | Path, lora: LoraConfig, device: str = "cpu") -> nn.Module:
+def load_policy(
+    path: str | Path, lora: LoraConfig, device: str = "cpu", gradient_checkpointing: bool = False
+) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+    if gradient_checkpointing:
+        # Non-reentrant: gives the same gradients, and works when the inputs need no grad (LoRA).
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora.enabled:
         from peft import LoraConfig as PeftLora
         from peft import get_peft_model
@@ -44,19 +49,48 @@ def _is_peft(model: nn.Module) -> bool:
     return type(model).__module__.startswith("peft.")
 
 
+def _base_name(name: str) -> str:
+    return name.replace(".base_layer.", ".")
+
+
+def tied_aliases(model: nn.Module) -> frozenset[str]:
+    """Names (the base model's own) under which a parameter appears a second time, e.g.
+    `lm_head.weight` of a model tying it to `model.embed_tokens.weight`. Published weights
+    leave them out, as `save_pretrained` does; readers tie them back from the model."""
+    base = model.get_base_model() if _is_peft(model) else model
+    seen: set[int] = set()
+    aliases = set()
+    for name, param in base.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            aliases.add(_base_name(name))
+        seen.add(id(param))
+    return frozenset(aliases)
+
+
+def without(names: frozenset[str], state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in state.items() if k not in names}
+
+
 def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every weight under the base model's own names (what inference loads): LoRA adapters are
-    merged into a copy, so training goes on with the adapters separate."""
+    """Every weight under the base model's own names (what inference loads), each tied one
+    once: LoRA adapters are merged into a copy, so training goes on with the adapters
+    separate."""
+    aliases = tied_aliases(model)
     if not _is_peft(model):
-        return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        return without(
+            aliases, {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        )
     model.merge_adapter()
     try:
         state = model.get_base_model().state_dict()
-        return {
-            k.replace(".base_layer.", "."): v.detach().cpu().clone().contiguous()
-            for k, v in state.items()
-            if "lora_" not in k
-        }
+        return without(
+            aliases,
+            {
+                _base_name(k): v.detach().cpu().clone().contiguous()
+                for k, v in state.items()
+                if "lora_" not in k
+            },
+        )
     finally:
         model.unmerge_adapter()
 

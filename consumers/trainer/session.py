@@ -21,10 +21,15 @@ from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, NothingToResume, TrainerState
 from rlbus.consumers.trainer.distributed import TorchRanks
 from rlbus.consumers.trainer.loop import Hooks
-from rlbus.consumers.trainer.policy import full_weights, load_policy
+from rlbus.consumers.trainer.policy import full_weights, load_policy, tied_aliases, without
 from rlbus.consumers.trainer.step import Trainer
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+WEIGHTS_DTYPES: dict[str, torch.dtype | None] = {
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "same": None,
+}
 
 
 class CheckpointExists(RuntimeError):
@@ -37,6 +42,8 @@ class Session:
     checkpoints: CheckpointStore
     state: TrainerState
     hooks: Hooks
+    checkpoint_every: int = 1
+    """Steps between saved trainer states (TrainerConfig.checkpoint_every)."""
 
 
 def open_session(
@@ -45,7 +52,9 @@ def open_session(
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    checkpoints = CheckpointStore(checkpoint_url, cfg.keep_checkpoints, cfg.keep_weights)
+    checkpoints = CheckpointStore(
+        checkpoint_url, cfg.keep_checkpoints, cfg.keep_weights, WEIGHTS_DTYPES[cfg.weights_dtype]
+    )
     if not resume and checkpoints.exists():
         raise CheckpointExists(
             f"{checkpoints.url} holds a checkpoint at step {checkpoints.latest_step()}: "
@@ -53,7 +62,8 @@ def open_session(
         )
     if resume and not checkpoints.exists():
         raise NothingToResume(f"nothing to resume: no checkpoint under {checkpoints.url}")
-    model = load_policy(model_path, cfg.lora, cfg.device)
+    model = load_policy(model_path, cfg.lora, cfg.device, cfg.gradient_checkpointing)
+    aliases = tied_aliases(model)  # before sharding, which may hide the tie
     sharded = cfg.parallel == "fsdp"
     if sharded:
         if cfg.lora.enabled:
@@ -86,7 +96,9 @@ def open_session(
         }
 
     def weights() -> dict[str, torch.Tensor]:
-        return get_model_state_dict(model, options=FULL) if sharded else full_weights(model)
+        if sharded:
+            return without(aliases, get_model_state_dict(model, options=FULL))
+        return full_weights(model)
 
     return Session(
         trainer,
@@ -95,4 +107,5 @@ def open_session(
         Hooks(
             weights=weights, state=everything, num_params=sum(p.numel() for p in model.parameters())
         ),
+        cfg.checkpoint_every,
     )

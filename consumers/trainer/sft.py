@@ -27,7 +27,7 @@ def train_sft(
     `on_step(step, batch, result)` follows each step."""
     if not samples:
         raise ValueError("no samples to train on")
-    policy = load_policy(model, cfg.lora, cfg.device)
+    policy = load_policy(model, cfg.lora, cfg.device, cfg.gradient_checkpointing)
     trainer = Trainer(policy, cfg, steps)
     rng = random.Random(seed)
     order: list[int] = []

@@ -20,6 +20,7 @@ from rlbus.config.trainer import OptimConfig, TrainerConfig
 from rlbus.consumers.trainer.batching import MicroBatch, micro_batches
 from rlbus.consumers.trainer.distributed import Ranks, SingleProcess
 from rlbus.consumers.trainer.losses import TokenTensors, get_loss, mismatch_kl, supervised_loss
+from rlbus.consumers.trainer.memory import micro_batch_tokens
 from rlbus.consumers.trainer.policy import token_logprobs
 from rlbus.schemas import TrainSample, masks
 
@@ -73,6 +74,10 @@ class Trainer:
             self.optimizer, lambda step: lr_factor(step, o, total_steps)
         )
         self.device = next(model.parameters()).device
+        self.micro_batch_tokens = micro_batch_tokens(
+            model, cfg.micro_batch_tokens, cfg.gradient_checkpointing, str(self.device)
+        )
+        """cfg.micro_batch_tokens, or the size chosen for the memory available."""
 
     def _micro_loss(
         self, mb: MicroBatch, version: int | None
@@ -122,7 +127,7 @@ class Trainer:
         started = time.perf_counter()
         if not samples:
             return self._skip("empty batch", samples, started)
-        groups = self.ranks.mine(micro_batches(samples, self.cfg.micro_batch_tokens))
+        groups = self.ranks.mine(micro_batches(samples, self.micro_batch_tokens))
         local = torch.tensor(
             [
                 float(sum(int((mb.loss_mask > 0).sum()) for mb in groups)),

@@ -62,9 +62,13 @@ class TrainerConfig(Section):
     optim: OptimConfig = OptimConfig()
     loss: LossConfig = LossConfig()
     lora: LoraConfig = LoraConfig()
-    micro_batch_tokens: int = Field(16384, ge=1)
+    micro_batch_tokens: int | None = Field(None, ge=1)
     """Padded tokens (rows x longest row) per forward pass; gradients accumulate over micro-
-    batches."""
+    batches. Unset: derived from the memory available and the model's size (the trainer logs
+    the figure it chose). Lower it when the trainer runs out of memory."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass instead of keeping them: the
+    same loss and gradients for less memory (activations) and ~30% more compute."""
     device: str = "cpu"
     """Torch device of a single-process trainer (cpu, cuda)."""
     parallel: Literal["none", "fsdp"] = "none"
@@ -76,10 +80,21 @@ class TrainerConfig(Section):
     checkpoint_url: str = ""
     """fsspec URL of checkpoints and published weights; empty: <store data
     dir>/checkpoints/<run_id>."""
+    checkpoint_every: int = Field(10, ge=1)
+    """Save the trainer state (model, optimizer: 3x the fp32 weights and more) every this many
+    steps, at the last step and on a clean stop; weights are published every step. Batches
+    trained since the last saved state stay uncommitted on the bus, so a crash redelivers and
+    retrains them: nothing is lost, but up to this many steps are trained again."""
     keep_checkpoints: int = Field(2, ge=1)
     """Trainer states kept (older ones are deleted once a newer one is complete)."""
-    keep_weights: int = Field(8, ge=1)
-    """Published weight versions kept, so a slow inference worker can still load a recent one."""
+    keep_weights: int = Field(3, ge=1)
+    """Published weight versions kept, so a slow inference worker can still load a recent one
+    (inference loads the newest announced; older ones only serve a worker mid-load)."""
+    weights_dtype: Literal["bfloat16", "float32", "same"] = "bfloat16"
+    """dtype of published weight versions: bfloat16 halves what is written every step and read
+    by every inference worker, and is what inference usually computes in (it casts to its own
+    dtype on load); float32 publishes the trainer's fp32 master weights exactly; same: the
+    trainer's dtype as it is."""
     seed: int = 0
     """Seed of torch's RNG (dropout); data order comes from the batches."""
     threads: int = Field(0, ge=0)

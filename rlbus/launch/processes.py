@@ -12,6 +12,22 @@ from pathlib import Path
 
 from rlbus.config import Settings, settings_env
 
+MEMORY_SETTINGS = {
+    "trainer": "trainer.micro_batch_tokens (the trainer logs its memory estimate; "
+    "trainer.gradient_checkpointing also helps)",
+    "inference": "the rollouts running at once (max_concurrent_rollouts of the envs)",
+}
+"""What to lower when a role runs out of memory."""
+
+
+def exit_reason(role: str, code: int | None) -> str:
+    """How a role's exit reads: a SIGKILL nobody sent here is most often the kernel's OOM
+    killer, and a bare "-9" says nothing of that."""
+    if code != -signal.SIGKILL:
+        return f"{role} exited with code {code}"
+    hint = f": lower {MEMORY_SETTINGS[role]}" if role in MEMORY_SETTINGS else ""
+    return f"{role} was killed (SIGKILL, likely out of memory){hint}"
+
 
 class RoleProcess:
     """`python -m rlbus worker ROLE ...` with `settings` passed through the environment."""
@@ -54,7 +70,7 @@ class RoleProcess:
         """Raise with the role's log tail if it has exited."""
         if not self.alive():
             raise RuntimeError(
-                f"{self.role} exited with code {self.proc.returncode}; "
+                f"{exit_reason(self.role, self.proc.returncode)}; "
                 f"last lines of {self.log_path}:\n{self.log_tail()}"
             )
 

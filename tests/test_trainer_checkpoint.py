@@ -1,0 +1,222 @@
+"""Weights the trainer writes at real-model size: a tied model's embedding stored once and
+loaded by inference, bf16 on the wire, the trainer state only every `checkpoint_every` steps
+with batches held uncommitted until a saved state holds them."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from rlbus.bus import Delivery
+from rlbus.bus.commits import Holds
+from rlbus.config.trainer import TrainerConfig
+from rlbus.consumers.inference.engine import Engine
+from rlbus.consumers.inference.model_init import init_model
+from rlbus.consumers.trainer.loop import TrainerWorker
+from rlbus.consumers.trainer.session import open_session
+from rlbus.schemas import TrainBatch, TrainSample, TrainStep, masks
+from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "tied"
+    init_model(path, arch="qwen3", seed=0)  # qwen3 ties lm_head to the embedding
+    return path
+
+
+def batch(step: int) -> TrainBatch:
+    ids = np.random.default_rng(step).integers(0, 255, 12)
+    m = np.r_[np.zeros(4), np.full(8, masks.SUPERVISED)].astype(np.uint8)
+    sample = TrainSample(
+        rollout_id=f"r{step}",
+        input_ids=pack_tokens(ids),
+        loss_mask=pack_mask(m),
+        advantages=pack_logprobs(m > 0),
+        inference_logprobs=pack_logprobs(np.zeros(12)),
+    )
+    return TrainBatch(run_id="run", batch_id=f"b{step}", step=step, samples=[sample])
+
+
+class RecordingBus:
+    def __init__(self) -> None:
+        self.events: list = []
+
+    async def publish_many(self, events) -> None:
+        self.events.extend(events)
+
+
+def worker_for(session, bus: RecordingBus, max_steps: int = 10) -> TrainerWorker:
+    return TrainerWorker(
+        bus,
+        session.trainer.step,
+        session.checkpoints,
+        session.state,
+        session.hooks,
+        "run",
+        4,
+        max_steps,
+        asyncio.Event(),
+        checkpoint_every=session.checkpoint_every,
+    )
+
+
+def stored(uri: str) -> dict[str, torch.dtype]:
+    with safe_open(uri.removeprefix("file://"), "pt") as f:
+        return {k: f.get_tensor(k).dtype for k in f.keys()}
+
+
+async def logits_after_load(model_dir: Path, uri: str, ids: torch.Tensor) -> torch.Tensor:
+    async with Engine.from_pretrained(model_dir) as engine:
+        await engine.load_weights(uri, version=1)
+        with torch.no_grad():
+            return engine.model(input_ids=ids).logits
+
+
+async def test_tied_model_trains_and_inference_serves_its_weights_stored_once(
+    tied: Path, tmp_path: Path
+) -> None:
+    cfg = TrainerConfig(weights_dtype="float32", checkpoint_every=1)
+    session = open_session(cfg, str(tied), str(tmp_path / "ckpt"), 10, resume=False)
+    model = session.trainer.model
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    bus = RecordingBus()
+    await worker_for(session, bus).handle([Delivery(batch(1), "batches", 0, 0)])
+    uri = session.checkpoints.weights_uri(1)
+    names = stored(uri)
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    ids = torch.tensor([[3, 50, 60, 70, 80]])
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+    assert torch.equal(await logits_after_load(tied, uri, ids), expected)
+    # Resume reads the state back and ties it the same way.
+    resumed = open_session(cfg, str(tied), str(tmp_path / "ckpt"), 10, resume=True)
+    again = resumed.trainer.model
+    assert again.lm_head.weight is again.model.embed_tokens.weight
+    assert torch.equal(again.lm_head.weight, model.lm_head.weight)
+
+
+async def test_lora_on_a_tied_model_publishes_merged_weights_once(
+    tied: Path, tmp_path: Path
+) -> None:
+    cfg = TrainerConfig.model_validate({"weights_dtype": "float32", "lora": {"enabled": True}})
+    session = open_session(cfg, str(tied), str(tmp_path / "ckpt"), 10, resume=False)
+    await worker_for(session, RecordingBus()).handle([Delivery(batch(1), "batches", 0, 0)])
+    uri = session.checkpoints.weights_uri(1)
+    assert "lm_head.weight" not in stored(uri)
+    ids = torch.tensor([[3, 50, 60, 70, 80]])
+    with torch.no_grad():
+        expected = session.trainer.model(input_ids=ids).logits
+    torch.testing.assert_close(await logits_after_load(tied, uri, ids), expected)
+
+
+async def test_weights_travel_in_bf16_and_the_step_reports_their_size(
+    tied: Path, tmp_path: Path
+) -> None:
+    session = open_session(TrainerConfig(), str(tied), str(tmp_path / "ckpt"), 10, resume=False)
+    bus = RecordingBus()
+    await worker_for(session, bus).handle([Delivery(batch(1), "batches", 0, 0)])
+    uri = session.checkpoints.weights_uri(1)
+    assert set(stored(uri).values()) == {torch.bfloat16}
+    model = session.trainer.model
+    (step,) = [e for e in bus.events if isinstance(e, TrainStep)]
+    size = Path(uri.removeprefix("file://")).stat().st_size
+    assert step.metrics["weights_mb"] == pytest.approx(size / 1e6)
+    assert step.metrics["weights_write_s"] > 0
+    async with Engine.from_pretrained(tied) as engine:
+        await engine.load_weights(uri, version=1)
+        served = dict(engine.model.named_parameters())
+        for name, param in model.named_parameters():
+            assert served[name].dtype == torch.float32
+            assert torch.equal(served[name], param.detach().to(torch.bfloat16).float()), name
+
+
+async def test_state_saved_every_n_steps_and_batches_held_until_then(
+    tied: Path, tmp_path: Path
+) -> None:
+    cfg = TrainerConfig(checkpoint_every=2)
+    session = open_session(cfg, str(tied), str(tmp_path / "ckpt"), 3, resume=False)
+    worker = worker_for(session, RecordingBus(), max_steps=3)
+    holds = Holds()
+
+    def delivery(step: int) -> Delivery:
+        return Delivery(batch(step), "batches", 0, step - 1, holds=holds)
+
+    await worker.handle([delivery(1)])
+    assert session.checkpoints.has_weights(1) and session.checkpoints.latest_step() is None
+    assert holds.offsets("batches", 0) == [0]  # not committable: no saved state holds it
+    await worker.handle([delivery(2)])
+    assert session.checkpoints.latest_step() == 2 and holds.offsets("batches", 0) == []
+    await worker.handle([delivery(3)])  # the last step saves whatever the interval
+    assert session.checkpoints.latest_step() == 3 and holds.offsets("batches", 0) == []
+
+
+async def test_a_clean_stop_saves_the_state_of_the_steps_since_the_last(
+    tied: Path, tmp_path: Path
+) -> None:
+    cfg = TrainerConfig(checkpoint_every=5)
+    session = open_session(cfg, str(tied), str(tmp_path / "ckpt"), 10, resume=False)
+    worker = worker_for(session, RecordingBus())
+    holds = Holds()
+    await worker.handle([Delivery(batch(1), "batches", 0, 0, holds=holds)])
+    assert session.checkpoints.latest_step() is None
+    await worker.save_state()
+    assert session.checkpoints.latest_step() == 1 and holds.offsets("batches", 0) == []
+
+
+def test_replay_sft_fine_tunes_a_pretrained_model_at_a_small_rate() -> None:
+    from rlbus.config.runs import ReplayConfig
+
+    assert ReplayConfig().trainer.optim.lr <= 5e-5
+    assert (
+        ReplayConfig.model_validate({"trainer": {"optim": {"lr": 1e-3}}}).trainer.optim.lr == 1e-3
+    )
+
+
+def test_memory_estimate_refuses_what_cannot_fit_and_sizes_micro_batches(tied: Path) -> None:
+    from rlbus.config.trainer import LoraConfig
+    from rlbus.consumers.trainer.memory import (
+        USABLE,
+        NotEnoughMemory,
+        estimate,
+        micro_batch_tokens,
+    )
+    from rlbus.consumers.trainer.policy import load_policy
+
+    model = load_policy(tied, LoraConfig())
+    est = estimate(model, gradient_checkpointing=False)
+    room = est.total(4096)
+    with pytest.raises(NotEnoughMemory, match=r"lower trainer.micro_batch_tokens.*gradient_check"):
+        micro_batch_tokens(model, 8192, False, "cpu", available=room)
+    assert micro_batch_tokens(model, 4096, False, "cpu", available=room) == 4096  # honoured
+    # Unset: the largest power of two whose estimate fits in USABLE of what is available.
+    plenty = int(est.total(2048) / USABLE) + 1
+    assert micro_batch_tokens(model, None, False, "cpu", available=plenty) == 2048
+    assert micro_batch_tokens(model, None, True, "cpu", available=plenty) > 2048
+    with pytest.raises(NotEnoughMemory, match="weights and optimizer state alone"):
+        micro_batch_tokens(model, 256, False, "cpu", available=est.fixed_bytes // 2)
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tied: Path) -> None:
+    from rlbus.config.trainer import LoraConfig
+    from rlbus.consumers.trainer.policy import load_policy
+    from rlbus.consumers.trainer.step import Trainer
+
+    runs = []
+    for checkpointing in (False, True):
+        model = load_policy(tied, LoraConfig(), gradient_checkpointing=checkpointing)
+        assert model.is_gradient_checkpointing == checkpointing
+        cfg = TrainerConfig(micro_batch_tokens=64, gradient_checkpointing=checkpointing)
+        result = Trainer(model, cfg, total_steps=1).step(batch(1).samples + batch(2).samples)
+        # The step zeroes its gradients: their norm and the weights AdamW made of them remain.
+        runs.append((result.loss, result.grad_norm, dict(model.named_parameters())))
+    (loss, norm, plain), (loss_ckpt, norm_ckpt, ckpt) = runs
+    assert loss == pytest.approx(loss_ckpt, rel=1e-6)
+    assert norm == pytest.approx(norm_ckpt, rel=1e-5)
+    for name, weight in plain.items():
+        torch.testing.assert_close(ckpt[name], weight, rtol=1e-5, atol=1e-6)
