@@ -12,6 +12,12 @@ Two implementations of one small interface:
 `extend(prev_prompt_ids, prev_completion_ids, new_messages)` appends only what the new
 messages add (and the generation prompt) to the recorded ids: sampled tokens are never
 decoded and re-tokenized, which would change them and break the trainer's log-probs.
+
+System prompts: an environment's system prompt reaches here as the conversation's first
+message (TaskSet.messages), and templates such as SmolLM2's ChatML write their own default
+system prompt only when there is no system message, so the env's replaces it. A task with no
+system prompt keeps whatever the template writes: that is the prompt the model was tuned on,
+and leaving it out would be a choice the renderer makes for the environment.
 """
 
 from __future__ import annotations

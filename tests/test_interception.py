@@ -14,18 +14,24 @@ import anthropic
 import httpx
 import openai
 import pytest
+from bpe_model import IM_END, smollm2_tokenizer
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rlbus.bus import telemetry
-from rlbus.producers.environment import ModelConfig, SamplingConfig, load_environment
+from rlbus.producers.environment import (
+    Environment,
+    ModelConfig,
+    SamplingConfig,
+    load_environment,
+)
 from rlbus.producers.interception import (
     EvalBackend,
     InterceptionServer,
     TokenBackend,
 )
-from rlbus.producers.rollouts import RolloutRunner
+from rlbus.producers.rollouts import RolloutOutput, RolloutRunner
 from rlbus.schemas.packed import logprobs, mask, tokens
 from rlbus.schemas.samples import trace_samples
 from rlbus.testing import ScriptedModel, ScriptedServer
@@ -361,3 +367,57 @@ async def test_train_mode_three_turns_extend_recorded_ids(tmp_path: Path) -> Non
     assert list(logprobs(sample.inference_logprobs)[sampled_positions]) == [-0.25] * len(
         sampled_positions
     )
+
+
+# ---- SmolLM2's real BPE tokenizer and ChatML template (train mode) ------------------------------
+
+
+async def _train_rollout(
+    env_dir: str, overrides: dict[str, Any], script: Any, tokenizer: Any
+) -> tuple[Environment, RolloutOutput]:
+    """One rollout in train mode: a scripted token upstream, SmolLM2's template renderer."""
+    from rlbus.clients.renderer import make_renderer
+
+    env = load_environment(str(EXAMPLES / env_dir), {**overrides, "model": {"mode": "train"}})
+    task = next(iter(env.tasks("r")))
+    with ScriptedServer(ScriptedModel(tokens=script, policy_version=2)) as token_server:
+        config = ModelConfig(name="smollm2", base_url=f"{token_server.url}/v1", mode="train")
+        async with InterceptionServer(TokenBackend(config, make_renderer(tokenizer))) as server:
+            out = await RolloutRunner(env, server).run(task, "group", 0, 1)
+    assert out.rollout.status == "ok", out.rollout.error
+    return env, out
+
+
+def _calls(out: RolloutOutput) -> list[tuple[list[int], list[int]]]:
+    return [(list(tokens(r.prompt_ids)), list(tokens(r.completion_ids))) for r in out.tokens]
+
+
+def _assert_extended(calls: list[tuple[list[int], list[int]]]) -> None:
+    for (prev_prompt, prev_completion), (prompt, _) in itertools.pairwise(calls):
+        assert prompt[: len(prev_prompt) + len(prev_completion)] == prev_prompt + prev_completion
+
+
+@pytest.mark.parametrize("taskset", ["env.py:ReverseText", "terse.py:TerseReverseText"])
+async def test_train_mode_the_env_system_prompt_is_the_only_system_block(taskset: str) -> None:
+    """SmolLM2's template writes its own system prompt when the messages have none; an env's
+    system prompt must stand in its place, once. A task with none keeps the template's."""
+    tok = smollm2_tokenizer()
+    env, out = await _train_rollout(
+        "reverse_text",
+        {"taskset": taskset},
+        lambda ids: [*tok.encode("cba", add_special_tokens=False), tok.eos_token_id],
+        tok,
+    )
+    ((prompt, completion),) = _calls(out)
+    text = tok.decode(prompt)
+    assert text.count("<|im_start|>system\n") == 1
+    default = tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
+    default_system = default[: default.index("<|im_start|>user")]
+    assert "SmolLM" in default_system  # what the template injects when given no system message
+    system = env.taskset.system_prompt
+    if system:
+        assert text.startswith(f"<|im_start|>system\n{system}{IM_END}\n<|im_start|>user\n")
+        assert "SmolLM" not in text
+    else:
+        assert text.startswith(default_system)
+    assert completion[-1] == tok.convert_tokens_to_ids(IM_END)
