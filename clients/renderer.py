@@ -101,10 +101,23 @@ class TemplateRenderer:
             )
         self._tok = tokenizer
         self._stop = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+        end = self._end_of_turn()
+        if end is not None and end not in self._stop:
+            self._stop.append(end)
 
     @property
     def stop_token_ids(self) -> list[int]:
         return self._stop
+
+    def _end_of_turn(self) -> int | None:
+        """The special token the template closes an assistant turn with (ChatML's <|im_end|>),
+        which need not be the tokenizer's EOS (a base model's is often <|endoftext|>)."""
+        try:
+            _, close = self._turn_close(None)
+        except RendererError:
+            return None
+        special = set(self._tok.all_special_ids) | set(self._tok.added_tokens_decoder)
+        return close[0] if close and close[0] in special else None
 
     def _ids(self, messages: Messages, tools: Tools, generation_prompt: bool) -> list[int]:
         # Render to text, then encode without extra specials: exactly what apply_chat_template

@@ -14,7 +14,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from bpe_model import IM_END, smollm2_tokenizer
+from bpe_model import IM_END, SMOLLM2, smollm2_tokenizer
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -421,3 +421,29 @@ async def test_train_mode_the_env_system_prompt_is_the_only_system_block(taskset
     else:
         assert text.startswith(default_system)
     assert completion[-1] == tok.convert_tokens_to_ids(IM_END)
+
+
+async def test_train_mode_asks_to_stop_at_the_templates_end_of_turn() -> None:
+    """A tokenizer whose EOS is not the token its template ends a turn with (a base model's
+    <|endoftext|> under ChatML): the renderer stops at <|im_end|> too, and train mode asks the
+    inference server to stop there."""
+    from transformers import AutoTokenizer
+
+    from rlbus.clients.renderer import make_renderer
+
+    tok = AutoTokenizer.from_pretrained(SMOLLM2, eos_token="<|endoftext|>")
+    im_end = tok.convert_tokens_to_ids(IM_END)
+    renderer = make_renderer(tok)
+    assert renderer.stop_token_ids == [tok.eos_token_id, im_end]
+    scripted = ScriptedModel(tokens=lambda ids: [42, im_end])
+    with ScriptedServer(scripted) as token_server:
+        config = ModelConfig(name="m", base_url=f"{token_server.url}/v1", mode="train")
+        async with InterceptionServer(TokenBackend(config, renderer)) as server:
+            with server.session("r-stop") as session:
+                client = openai.AsyncOpenAI(base_url=session.base_url, api_key="k", max_retries=0)
+                reply = await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}]
+                )
+    assert reply.choices[0].message.content == tok.decode([42])
+    (body,) = scripted.calls
+    assert body["sampling"]["stop_token_ids"] == [tok.eos_token_id, im_end]
