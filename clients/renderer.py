@@ -12,6 +12,11 @@ Two implementations of one small interface:
 `extend(prev_prompt_ids, prev_completion_ids, new_messages)` appends only what the new
 messages add (and the generation prompt) to the recorded ids: sampled tokens are never
 decoded and re-tokenized, which would change them and break the trainer's log-probs.
+Decoded, extended ids equal the template's rendering of the conversation except where that
+rendering is not what was sampled: an assistant turn is its sampled ids (a tool call as the
+text the model wrote, whatever the template would make of the parsed call), a completion cut
+by max_tokens or a stop string gets the template's turn close appended, and a completion
+ends at its stop token, before anything the template writes after it (ChatML's newline).
 
 System prompts: an environment's system prompt reaches here as the conversation's first
 message (TaskSet.messages), and templates such as SmolLM2's ChatML write their own default

@@ -447,3 +447,57 @@ async def test_train_mode_asks_to_stop_at_the_templates_end_of_turn() -> None:
     assert reply.choices[0].message.content == tok.decode([42])
     (body,) = scripted.calls
     assert body["sampling"]["stop_token_ids"] == [tok.eos_token_id, im_end]
+
+
+async def test_train_mode_guess_number_extends_bpe_ids_and_matches_the_template() -> None:
+    """Three turns with SmolLM2's BPE tokenizer: each prompt starts with the previous prompt +
+    completion ids, and the whole stream decodes to the template's rendering of the rollout
+    (the one boundary: the last completion ends at <|im_end|>, before the template's newline)."""
+    tok = smollm2_tokenizer()
+    guesses = iter(range(10, 100))
+    env, out = await _train_rollout(
+        "guess_number",
+        {"harness": {"max_turns": 3}},
+        lambda ids: [*tok.encode(f" {next(guesses)}", add_special_tokens=False), tok.eos_token_id],
+        tok,
+    )
+    calls = _calls(out)
+    assert len(calls) == 3
+    _assert_extended(calls)
+    prompt, completion = calls[-1]
+    # The referee's last reply came after the last call.
+    *sampled, last = out.rollout.completion
+    assert last["role"] == "user" and sampled[-1]["role"] == "assistant"
+    rendered = tok.apply_chat_template([*out.rollout.prompt, *sampled], tokenize=False)
+    assert tok.decode(prompt + completion) + "\n" == rendered
+    assert tok.decode(prompt + completion).count("<|im_start|>system\n") == 1
+
+
+async def test_train_mode_tool_calls_extend_bpe_ids() -> None:
+    """A tool environment with SmolLM2's BPE tokenizer: the tool call's sampled ids stay in the
+    next prompt as sampled, the tool result follows as the template renders it."""
+    tok = smollm2_tokenizer()
+    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "2 + 3"}}</tool_call>'
+    replies = iter([call, "5"])
+    env, out = await _train_rollout(
+        "calculator",
+        {},
+        lambda ids: [*tok.encode(next(replies), add_special_tokens=False), tok.eos_token_id],
+        tok,
+    )
+    calls = _calls(out)
+    assert len(calls) == 2
+    _assert_extended(calls)
+    first_prompt, first_completion = calls[0]
+    assert tok.decode(first_completion) == call + IM_END
+    assistant, tool_result, answer = out.rollout.completion
+    assert assistant["tool_calls"][0]["function"]["name"] == "calculate"
+    assert (tool_result["role"], tool_result["content"], answer["content"]) == ("tool", "5", "5")
+    added = tok.decode(calls[1][0][len(first_prompt) + len(first_completion) :])
+    assert added == f"\n<|im_start|>tool\n5{IM_END}\n<|im_start|>assistant\n"
+    # The template renders history with the call's text as the assistant's content.
+    sampled = {**assistant, "content": call}
+    rendered = tok.apply_chat_template(
+        [*out.rollout.prompt, sampled, tool_result], tokenize=False, add_generation_prompt=True
+    )
+    assert tok.decode(calls[1][0]) == rendered
