@@ -23,6 +23,7 @@ import openai
 from opentelemetry import propagate
 
 from rlbus.clients.openai_wire import tool_call
+from rlbus.schemas.events import UNKNOWN_POLICY_VERSION
 
 _json = msgspec.json.Encoder()
 _JSON = {"Content-Type": "application/json"}
@@ -52,7 +53,8 @@ class ChatAnswer:
     completion_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     """One per completion token: from rlbus's server always, from others when asked for."""
-    policy_version: int = 0
+    policy_version: int = UNKNOWN_POLICY_VERSION
+    """From rlbus's server; UNKNOWN_POLICY_VERSION from any endpoint that does not say."""
     seconds: float = 0.0
     """The request's wall time."""
 
@@ -160,7 +162,7 @@ class ChatClient:
             prompt_ids=body.get("prompt_token_ids") or [],
             completion_ids=choice.get("token_ids") or [],
             logprobs=[entry["logprob"] for entry in entries],
-            policy_version=body.get("policy_version", 0),
+            policy_version=body.get("policy_version", UNKNOWN_POLICY_VERSION),
             seconds=seconds,
         )
 
@@ -173,11 +175,15 @@ class ChatClient:
         **sampling: Any,
     ) -> AsyncIterator[str | ChatAnswer]:
         """The completion as the endpoint streams it: each text delta as it comes, then the
-        whole answer (token ids are not streamed: a stream records text, usage and log-probs)."""
-        _, options, headers = await self._options(tools, logprobs, sampling)
+        whole answer. From rlbus's server the chunks also carry the sampled ids, and the last
+        one the prompt's ids and the policy version."""
+        rlbus, options, headers = await self._options(tools, logprobs, sampling)
         text: list[str] = []
         calls: dict[int, dict[str, str]] = {}
         entries: list[float] = []
+        ids: list[int] = []
+        prompt_ids: list[int] = []
+        version = UNKNOWN_POLICY_VERSION
         finish, model, usage = "stop", self.model, None
         started = time.monotonic()
         try:
@@ -187,12 +193,17 @@ class ChatClient:
                 stream=True,
                 stream_options={"include_usage": True},
                 extra_headers=headers or None,
+                extra_body={"return_token_ids": True} if rlbus else None,
                 **options,
             )
             async with chunks:
                 async for chunk in chunks:
                     model = chunk.model or model
                     usage = chunk.usage or usage
+                    if rlbus and (extra := chunk.model_extra):
+                        ids.extend(extra.get("token_ids") or ())
+                        prompt_ids = extra.get("prompt_token_ids") or prompt_ids
+                        version = extra.get("policy_version", version)
                     for choice in chunk.choices[:1]:
                         delta = choice.delta
                         if delta.content:
@@ -220,7 +231,10 @@ class ChatClient:
             model=model,
             prompt_tokens=usage.prompt_tokens if usage else 0,
             completion_tokens=usage.completion_tokens if usage else 0,
+            prompt_ids=prompt_ids,
+            completion_ids=ids,
             logprobs=entries,
+            policy_version=version,
             seconds=time.monotonic() - started,
         )
 

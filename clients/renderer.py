@@ -12,6 +12,17 @@ Two implementations of one small interface:
 `extend(prev_prompt_ids, prev_completion_ids, new_messages)` appends only what the new
 messages add (and the generation prompt) to the recorded ids: sampled tokens are never
 decoded and re-tokenized, which would change them and break the trainer's log-probs.
+Decoded, extended ids equal the template's rendering of the conversation except where that
+rendering is not what was sampled: an assistant turn is its sampled ids (a tool call as the
+text the model wrote, whatever the template would make of the parsed call), a completion cut
+by max_tokens or a stop string gets the template's turn close appended, and a completion
+ends at its stop token, before anything the template writes after it (ChatML's newline).
+
+System prompts: an environment's system prompt reaches here as the conversation's first
+message (TaskSet.messages), and templates such as SmolLM2's ChatML write their own default
+system prompt only when there is no system message, so the env's replaces it. A task with no
+system prompt keeps whatever the template writes: that is the prompt the model was tuned on,
+and leaving it out would be a choice the renderer makes for the environment.
 """
 
 from __future__ import annotations
@@ -95,10 +106,23 @@ class TemplateRenderer:
             )
         self._tok = tokenizer
         self._stop = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+        end = self._end_of_turn()
+        if end is not None and end not in self._stop:
+            self._stop.append(end)
 
     @property
     def stop_token_ids(self) -> list[int]:
         return self._stop
+
+    def _end_of_turn(self) -> int | None:
+        """The special token the template closes an assistant turn with (ChatML's <|im_end|>),
+        which need not be the tokenizer's EOS (a base model's is often <|endoftext|>)."""
+        try:
+            _, close = self._turn_close(None)
+        except RendererError:
+            return None
+        special = set(self._tok.all_special_ids) | set(self._tok.added_tokens_decoder)
+        return close[0] if close and close[0] in special else None
 
     def _ids(self, messages: Messages, tools: Tools, generation_prompt: bool) -> list[int]:
         # Render to text, then encode without extra specials: exactly what apply_chat_template

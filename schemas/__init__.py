@@ -3,6 +3,7 @@
 from rlbus.schemas.codec import DecodeError, decode, encode
 from rlbus.schemas.events import (
     EVENT_TYPES,
+    UNKNOWN_POLICY_VERSION,
     AnyEvent,
     DeadLetter,
     Event,
@@ -34,6 +35,7 @@ __all__ = [
     "RolloutScored",
     "TaskPublished",
     "TokenRecord",
+    "UNKNOWN_POLICY_VERSION",
     "Topic",
     "TraceNode",
     "TrainBatch",

@@ -34,6 +34,10 @@ Messages = list[dict[str, Any]]
 """Chat messages in OpenAI form ({"role": ..., "content": ...}); stored as JSON."""
 
 
+UNKNOWN_POLICY_VERSION = -1
+"""The policy version of tokens from an endpoint that does not say which weights sampled them."""
+
+
 class Event(msgspec.Struct, tag_field="kind", tag=True, kw_only=True, gc=False):
     """Fields every event carries.
 
@@ -139,6 +143,8 @@ class TokenRecord(Event, kw_only=True):
     completion_ids: TokenIds = b""
     logprobs: LogProbs = b""
     policy_version: Int64 = 0
+    """The weights version that sampled the completion's first token, as the inference server
+    said; UNKNOWN_POLICY_VERSION (-1) for an endpoint that does not say (any but rlbus's)."""
     finish_reason: str = ""
     duration_s: float = 0.0
     """Seconds the model call took (the backend's answer, not the harness around it); `ts` is

@@ -220,3 +220,52 @@ def test_the_cli_imports_no_model_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_worker_inference_alone_starts_a_broker_and_withdraws_it(tmp_path: Path) -> None:
+    """`rlbus worker inference` with no broker configured or announced starts one, announces it
+    for the next commands, and stops it (announcement withdrawn) when it stops."""
+    from rlbus.bus import free_port
+    from rlbus.consumers.inference.model_init import init_model
+    from rlbus.discovery import BROKER_FILE, reachable
+
+    init_model(tmp_path / "tiny")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLBUS_")}
+    port = free_port()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "rlbus", "worker", "inference", "--model", "tiny"]
+        + ["--port", str(port), "--threads", "1"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    announcement = tmp_path / "rlbus-data" / BROKER_FILE
+    try:
+
+        def running() -> None:
+            assert worker.poll() is None, worker.communicate()[0]
+
+        wait_for(
+            lambda: reachable(f"127.0.0.1:{port}"),
+            timeout_s=120,
+            what="the inference server",
+            check=running,
+        )
+        address, pid = announcement.read_text().split()
+        assert int(pid) == worker.pid and reachable(address)
+        topics = subprocess.run(
+            [sys.executable, "-m", "rlbus", "topics"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert topics.returncode == 0 and f"topics on {address}" in topics.stdout, topics.stderr
+    finally:
+        worker.terminate()
+        out, _ = worker.communicate(timeout=60)
+    assert worker.returncode == 0, out
+    assert not announcement.exists() and not reachable(address)

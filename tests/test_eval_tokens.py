@@ -24,7 +24,7 @@ from rlbus.consumers.inference.service import build_app, build_backend
 from rlbus.launch.eval import run_eval
 from rlbus.producers.environment import ModelConfig, load_environment
 from rlbus.producers.interception import EvalBackend, InterceptionServer
-from rlbus.schemas import RolloutCompleted, TokenRecord, TraceNode
+from rlbus.schemas import UNKNOWN_POLICY_VERSION, RolloutCompleted, TokenRecord, TraceNode
 from rlbus.schemas.packed import logprobs, mask, tokens
 from rlbus.schemas.samples import trace_samples
 from rlbus.testing import ScriptedServer
@@ -98,4 +98,9 @@ async def test_other_endpoints_are_asked_for_openai_fields_only(
     (body,) = upstream.model.calls
     assert "return_token_ids" not in body and "logprobs" not in body
     _, (record,) = session.trace.events("g")
-    assert (record.prompt_ids, record.completion_ids, record.policy_version) == (b"", b"", 0)
+    # The endpoint does not say which weights sampled: unknown, not version 0.
+    assert (record.prompt_ids, record.completion_ids, record.policy_version) == (
+        b"",
+        b"",
+        UNKNOWN_POLICY_VERSION,
+    )

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from bpe_model import IM_END, SMOLLM2, smollm2_tokenizer
 from safetensors.torch import save_file
 
+from rlbus.clients.renderer import make_renderer
 from rlbus.consumers.inference.api import (
     ContextLengthError,
     GenerateResult,
@@ -272,3 +274,31 @@ async def test_weight_follower_loads_versions_once(engine: Engine, tmp_path: Pat
         "r",
     )
     assert picked is not None and picked.version == 9
+
+
+@pytest.mark.slow
+async def test_smollm2_stops_at_im_end_once_and_the_next_turn_extends_it() -> None:
+    """The real SmolLM2-135M-Instruct, greedy: the completion ends with <|im_end|> (its
+    generation config's EOS) exactly once, parses to text without it, and the next turn's
+    prompt is these ids plus what the template writes after them."""
+    tok = smollm2_tokenizer()
+    renderer = make_renderer(tok)
+    conversation = [
+        {"role": "system", "content": "Answer in one short sentence."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
+    prompt = renderer.render(conversation)
+    async with Engine.from_pretrained(SMOLLM2) as engine:
+        out = await engine.generate(prompt, SamplingParams(temperature=0, max_tokens=32))
+    im_end = tok.convert_tokens_to_ids(IM_END)
+    assert out.finish_reason == "stop" and out.stop_reason == im_end
+    assert out.completion_ids[-1] == im_end and out.completion_ids.count(im_end) == 1
+    message = renderer.parse(out.completion_ids)
+    assert "Paris" in message["content"] and IM_END not in message["content"]
+    follow = {"role": "user", "content": "And of Italy?"}
+    extended = renderer.extend(prompt, out.completion_ids, [follow])
+    assert extended[: len(prompt) + len(out.completion_ids)] == prompt + out.completion_ids
+    whole = [*conversation, {"role": "assistant", "content": message["content"]}, follow]
+    assert tok.decode(extended) == tok.apply_chat_template(
+        whole, tokenize=False, add_generation_prompt=True
+    )

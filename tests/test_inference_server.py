@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from bpe_model import IM_END, smollm2_tokenizer, tiny_bpe_model
 from safetensors.torch import save_file
 
 from rlbus.bus import Bus, Delivery, free_port
@@ -66,6 +67,11 @@ async def serving(model_dir: Path) -> AsyncIterator[tuple[str, Engine]]:
     finally:
         server.should_exit = True
         await task
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_bpe_model(tmp_path_factory.mktemp("bpe"))
 
 
 @pytest.fixture
@@ -562,3 +568,30 @@ async def test_n_choices_with_a_seed_differ_and_repeat(oa: openai.AsyncOpenAI) -
     assert ids[0] != ids[1]
     assert [c.model_extra["token_ids"] for c in second.choices] == ids
     assert first.usage.completion_tokens == 16
+
+
+async def test_chat_endpoint_renders_the_callers_system_message_in_place_of_the_default(
+    bpe_dir: Path,
+) -> None:
+    """SmolLM2's ChatML template writes its own system prompt when there is none; the caller's
+    system message replaces it (one system block), and without one the template's stays."""
+    tok = smollm2_tokenizer()
+    system = "Reverse the text you are given. Answer with the reversed text only."
+    async with serving(bpe_dir) as (url, _), httpx.AsyncClient(base_url=url, timeout=60) as http:
+        texts = []
+        for lead in ([{"role": "system", "content": system}], []):
+            body = {
+                "model": "tiny",
+                "messages": [*lead, {"role": "user", "content": "abc"}],
+                "max_tokens": 2,
+                "return_token_ids": True,
+            }
+            answer = await http.post("/v1/chat/completions", json=body)
+            assert answer.status_code == 200, answer.text
+            texts.append(tok.decode(answer.json()["prompt_token_ids"]))
+    with_system, without = texts
+    assert with_system == (
+        f"<|im_start|>system\n{system}{IM_END}\n<|im_start|>user\nabc{IM_END}\n"
+        "<|im_start|>assistant\n"
+    )
+    assert without.count("<|im_start|>system\n") == 1 and "SmolLM" in without

@@ -14,18 +14,24 @@ import anthropic
 import httpx
 import openai
 import pytest
+from bpe_model import IM_END, SMOLLM2, smollm2_tokenizer
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rlbus.bus import telemetry
-from rlbus.producers.environment import ModelConfig, SamplingConfig, load_environment
+from rlbus.producers.environment import (
+    Environment,
+    ModelConfig,
+    SamplingConfig,
+    load_environment,
+)
 from rlbus.producers.interception import (
     EvalBackend,
     InterceptionServer,
     TokenBackend,
 )
-from rlbus.producers.rollouts import RolloutRunner
+from rlbus.producers.rollouts import RolloutOutput, RolloutRunner
 from rlbus.schemas.packed import logprobs, mask, tokens
 from rlbus.schemas.samples import trace_samples
 from rlbus.testing import ScriptedModel, ScriptedServer
@@ -361,3 +367,137 @@ async def test_train_mode_three_turns_extend_recorded_ids(tmp_path: Path) -> Non
     assert list(logprobs(sample.inference_logprobs)[sampled_positions]) == [-0.25] * len(
         sampled_positions
     )
+
+
+# ---- SmolLM2's real BPE tokenizer and ChatML template (train mode) ------------------------------
+
+
+async def _train_rollout(
+    env_dir: str, overrides: dict[str, Any], script: Any, tokenizer: Any
+) -> tuple[Environment, RolloutOutput]:
+    """One rollout in train mode: a scripted token upstream, SmolLM2's template renderer."""
+    from rlbus.clients.renderer import make_renderer
+
+    env = load_environment(str(EXAMPLES / env_dir), {**overrides, "model": {"mode": "train"}})
+    task = next(iter(env.tasks("r")))
+    with ScriptedServer(ScriptedModel(tokens=script, policy_version=2)) as token_server:
+        config = ModelConfig(name="smollm2", base_url=f"{token_server.url}/v1", mode="train")
+        async with InterceptionServer(TokenBackend(config, make_renderer(tokenizer))) as server:
+            out = await RolloutRunner(env, server).run(task, "group", 0, 1)
+    assert out.rollout.status == "ok", out.rollout.error
+    return env, out
+
+
+def _calls(out: RolloutOutput) -> list[tuple[list[int], list[int]]]:
+    return [(list(tokens(r.prompt_ids)), list(tokens(r.completion_ids))) for r in out.tokens]
+
+
+def _assert_extended(calls: list[tuple[list[int], list[int]]]) -> None:
+    for (prev_prompt, prev_completion), (prompt, _) in itertools.pairwise(calls):
+        assert prompt[: len(prev_prompt) + len(prev_completion)] == prev_prompt + prev_completion
+
+
+@pytest.mark.parametrize("taskset", ["env.py:ReverseText", "terse.py:TerseReverseText"])
+async def test_train_mode_the_env_system_prompt_is_the_only_system_block(taskset: str) -> None:
+    """SmolLM2's template writes its own system prompt when the messages have none; an env's
+    system prompt must stand in its place, once. A task with none keeps the template's."""
+    tok = smollm2_tokenizer()
+    env, out = await _train_rollout(
+        "reverse_text",
+        {"taskset": taskset},
+        lambda ids: [*tok.encode("cba", add_special_tokens=False), tok.eos_token_id],
+        tok,
+    )
+    ((prompt, completion),) = _calls(out)
+    text = tok.decode(prompt)
+    assert text.count("<|im_start|>system\n") == 1
+    default = tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
+    default_system = default[: default.index("<|im_start|>user")]
+    assert "SmolLM" in default_system  # what the template injects when given no system message
+    system = env.taskset.system_prompt
+    if system:
+        assert text.startswith(f"<|im_start|>system\n{system}{IM_END}\n<|im_start|>user\n")
+        assert "SmolLM" not in text
+    else:
+        assert text.startswith(default_system)
+    assert completion[-1] == tok.convert_tokens_to_ids(IM_END)
+
+
+async def test_train_mode_asks_to_stop_at_the_templates_end_of_turn() -> None:
+    """A tokenizer whose EOS is not the token its template ends a turn with (a base model's
+    <|endoftext|> under ChatML): the renderer stops at <|im_end|> too, and train mode asks the
+    inference server to stop there."""
+    from transformers import AutoTokenizer
+
+    from rlbus.clients.renderer import make_renderer
+
+    tok = AutoTokenizer.from_pretrained(SMOLLM2, eos_token="<|endoftext|>")
+    im_end = tok.convert_tokens_to_ids(IM_END)
+    renderer = make_renderer(tok)
+    assert renderer.stop_token_ids == [tok.eos_token_id, im_end]
+    scripted = ScriptedModel(tokens=lambda ids: [42, im_end])
+    with ScriptedServer(scripted) as token_server:
+        config = ModelConfig(name="m", base_url=f"{token_server.url}/v1", mode="train")
+        async with InterceptionServer(TokenBackend(config, renderer)) as server:
+            with server.session("r-stop") as session:
+                client = openai.AsyncOpenAI(base_url=session.base_url, api_key="k", max_retries=0)
+                reply = await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}]
+                )
+    assert reply.choices[0].message.content == tok.decode([42])
+    (body,) = scripted.calls
+    assert body["sampling"]["stop_token_ids"] == [tok.eos_token_id, im_end]
+
+
+async def test_train_mode_guess_number_extends_bpe_ids_and_matches_the_template() -> None:
+    """Three turns with SmolLM2's BPE tokenizer: each prompt starts with the previous prompt +
+    completion ids, and the whole stream decodes to the template's rendering of the rollout
+    (the one boundary: the last completion ends at <|im_end|>, before the template's newline)."""
+    tok = smollm2_tokenizer()
+    guesses = iter(range(10, 100))
+    env, out = await _train_rollout(
+        "guess_number",
+        {"harness": {"max_turns": 3}},
+        lambda ids: [*tok.encode(f" {next(guesses)}", add_special_tokens=False), tok.eos_token_id],
+        tok,
+    )
+    calls = _calls(out)
+    assert len(calls) == 3
+    _assert_extended(calls)
+    prompt, completion = calls[-1]
+    # The referee's last reply came after the last call.
+    *sampled, last = out.rollout.completion
+    assert last["role"] == "user" and sampled[-1]["role"] == "assistant"
+    rendered = tok.apply_chat_template([*out.rollout.prompt, *sampled], tokenize=False)
+    assert tok.decode(prompt + completion) + "\n" == rendered
+    assert tok.decode(prompt + completion).count("<|im_start|>system\n") == 1
+
+
+async def test_train_mode_tool_calls_extend_bpe_ids() -> None:
+    """A tool environment with SmolLM2's BPE tokenizer: the tool call's sampled ids stay in the
+    next prompt as sampled, the tool result follows as the template renders it."""
+    tok = smollm2_tokenizer()
+    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "2 + 3"}}</tool_call>'
+    replies = iter([call, "5"])
+    env, out = await _train_rollout(
+        "calculator",
+        {},
+        lambda ids: [*tok.encode(next(replies), add_special_tokens=False), tok.eos_token_id],
+        tok,
+    )
+    calls = _calls(out)
+    assert len(calls) == 2
+    _assert_extended(calls)
+    first_prompt, first_completion = calls[0]
+    assert tok.decode(first_completion) == call + IM_END
+    assistant, tool_result, answer = out.rollout.completion
+    assert assistant["tool_calls"][0]["function"]["name"] == "calculate"
+    assert (tool_result["role"], tool_result["content"], answer["content"]) == ("tool", "5", "5")
+    added = tok.decode(calls[1][0][len(first_prompt) + len(first_completion) :])
+    assert added == f"\n<|im_start|>tool\n5{IM_END}\n<|im_start|>assistant\n"
+    # The template renders history with the call's text as the assistant's content.
+    sampled = {**assistant, "content": call}
+    rendered = tok.apply_chat_template(
+        [*out.rollout.prompt, sampled, tool_result], tokenize=False, add_generation_prompt=True
+    )
+    assert tok.decode(calls[1][0]) == rendered

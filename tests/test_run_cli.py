@@ -64,3 +64,25 @@ def test_rlbus_run_stops_at_max_steps_and_resumes(tmp_path: Path) -> None:
     assert steps == [1, 2, 3]
     nothing = rlbus_run(tmp_path, model, "--run-id", "other", "--resume")
     assert nothing.returncode == 1 and "nothing to resume" in nothing.stderr
+
+
+def test_roles_of_a_local_run_split_the_cores_between_inference_and_trainer() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from rlbus.launch.supervisor import role_threads, thread_env
+
+    on_two = {r: role_threads(r, 1, 2) for r in ("inference", "trainer", "sink", "env", "judge")}
+    assert on_two == {"inference": 1, "trainer": 1, "sink": 1, "env": 1, "judge": 1}
+    assert (role_threads("inference", 4, 16), role_threads("trainer", 4, 16)) == (4, 12)
+    assert role_threads("trainer", 2, 2) == 1
+    # What a role's torch sees with that environment.
+    child = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        env={**os.environ, **thread_env(1)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.stdout.strip() == "1", child.stderr

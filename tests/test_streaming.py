@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -20,6 +21,7 @@ from rlbus.clients.inference import InferenceClient
 from rlbus.clients.renderer import make_renderer
 from rlbus.clients.token_api import Delta, GenerateResult, SamplingParams
 from rlbus.config.env import ModelConfig, SamplingConfig
+from rlbus.consumers.inference.engine import Engine
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.inference.service import build_app, build_backend
 from rlbus.producers.interception import EvalBackend, InterceptionServer, TokenBackend
@@ -204,3 +206,47 @@ async def test_a_stream_refused_upstream_gets_its_status_code() -> None:
                 )
             assert raised.value.status_code == 502
             assert session.trace.calls == [] and session.trace.tips == {}
+
+
+async def test_eval_streams_record_the_serving_version_and_ids(model_dir: Path) -> None:
+    """An eval-mode stream from rlbus's own server, after a weight load to version 3, records
+    version 3 and the exact prompt and completion ids; a stream from an endpoint that does not
+    tell records the version as unknown, never a made-up 0."""
+    from safetensors.torch import save_file
+
+    from rlbus.schemas import UNKNOWN_POLICY_VERSION
+    from rlbus.testing import ScriptedServer
+
+    backend = build_backend(model_dir)
+    weights = model_dir.parent / "v3.safetensors"
+    assert isinstance(backend, Engine)
+    save_file({n: p.detach().clone() for n, p in backend.model.named_parameters()}, str(weights))
+    app = build_app(backend, model_dir, model_name="tiny")
+    sampling = SamplingConfig(max_tokens=8, seed=SEED)
+    with ServerThread(app, lifespan="on", graceful_s=1, name="inference-v3") as inference:
+        loaded = httpx.post(
+            f"{inference.url}/v1/weights", json={"uri": str(weights), "version": 3}, timeout=60
+        )
+        assert loaded.status_code == 200, loaded.text
+        config = ModelConfig(name="tiny", base_url=f"{inference.url}/v1")
+        async with InterceptionServer(EvalBackend(config), sampling) as server:
+            with server.session("r-v3") as session:
+                await chat(session.base_url, session.anthropic_base_url, Arrivals())
+            (call,) = session.trace.calls
+        client = InferenceClient(f"{inference.url}/v1")
+        again = await client.generate(
+            call.result.prompt_ids, SamplingParams(max_tokens=8, seed=SEED)
+        )
+        await client.close()
+    result = call.result
+    assert result.policy_version == 3
+    assert result.prompt_ids and len(result.completion_ids) == len(result.logprobs) == 8
+    assert result.completion_ids == again.completion_ids  # the ids the server sampled
+    with ScriptedServer() as other:
+        config = ModelConfig(name="scripted", base_url=f"{other.url}/v1")
+        async with InterceptionServer(EvalBackend(config)) as server:
+            with server.session("r-other") as session:
+                await chat(session.base_url, session.anthropic_base_url, Arrivals())
+            (call,) = session.trace.calls
+    assert call.result.policy_version == UNKNOWN_POLICY_VERSION
+    assert session.trace.usage()["max_policy_version"] == UNKNOWN_POLICY_VERSION

@@ -149,19 +149,28 @@ class ChatWriter:
     def delta(self, item: Delta, *, with_text: bool) -> dict[str, Any] | None:
         logprobs = self._logprobs(item.token_ids, item.logprobs, item.top_logprobs)
         text = item.text if with_text else ""
-        if not text and logprobs is None:
+        ids = self.req.return_token_ids
+        if not text and logprobs is None and not ids:
             return None
-        extra = {"token_ids": item.token_ids} if self.req.return_token_ids else {}
+        extra = {"token_ids": item.token_ids} if ids else {}
         return self.chunks.chunk({"content": text} if text else {}, logprobs=logprobs, **extra)
 
     def closing(
-        self, result: GenerateResult, message: dict[str, Any], *, final_message: bool
+        self,
+        prompt_ids: list[int],
+        result: GenerateResult,
+        message: dict[str, Any],
+        *,
+        final_message: bool,
     ) -> dict[str, Any]:
-        """The last choice chunk; with tools it holds the whole parsed message (no text deltas)."""
+        """The last choice chunk; with tools it holds the whole parsed message (no text deltas).
+        It carries the versions that sampled, and the prompt's ids when token ids were asked for
+        (the completion's came with the deltas)."""
         return self.chunks.chunk(
             wire.message_delta(message) if final_message else {},
             finish=wire.finish_reason(result.finish_reason, message),
             **version_fields([result]),
+            **({"prompt_token_ids": prompt_ids} if self.req.return_token_ids else {}),
         )
 
     def usage(self, prompt_tokens: int, result: GenerateResult) -> dict[str, Any]:

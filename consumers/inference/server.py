@@ -253,7 +253,9 @@ class InferenceAPI:
                     self.renderer.parse(item.completion_ids, tools=tools, prompt_ids=prompt_ids),
                     item,
                 )
-                yield wire.sse(writer.closing(item, message, final_message=not text_deltas))
+                yield wire.sse(
+                    writer.closing(prompt_ids, item, message, final_message=not text_deltas)
+                )
                 if req.include_usage:
                     yield wire.sse(writer.usage(len(prompt_ids), item))
         except RequestError as exc:

@@ -130,6 +130,9 @@ class TokenBackend:
             "max_tokens": call.max_tokens,
             "stop": call.stop,
             "seed": call.seed,
+            # The template's end of turn, which the model's EOS need not be (ChatML's <|im_end|>
+            # under a base model's <|endoftext|>).
+            "stop_token_ids": list(self.renderer.stop_token_ids),
         }
         try:
             sampling = msgspec.convert(

@@ -27,6 +27,7 @@ from rlbus.config.env import cli_overrides
 from rlbus.config.runs import RunConfig, load_run_config
 from rlbus.console import console
 from rlbus.consumers.inference.api import BackendKind
+from rlbus.discovery import local_broker
 
 
 def _settings(ctx: typer.Context, config: Path | None, role: str) -> Settings:
@@ -157,26 +158,33 @@ def inference(
     config: ConfigOption = None,
 ) -> None:
     """Serve a model (OpenAI chat completions, token-in/token-out generate, score) and load
-    every WeightVersion of the run as it is published."""
+    every WeightVersion of the run as it is published. With no broker configured or announced,
+    it starts one for as long as it serves (a model server is often the first thing started)."""
     from rlbus.consumers.inference.main import run as serve
 
-    settings: Settings = _settings(ctx, config, "inference")
-    console.print(
-        f"[bold]inference[/bold] {Path(model).name} ({backend} on {device}) at "
-        f"http://{host}:{port}/v1, following weights of run {settings.run_id!r}"
-    )
-    run_until_signal(
-        lambda stop: serve(
-            settings,
-            model,
-            stop,
-            host=host,
-            port=port,
-            backend=backend,
-            device=device,
-            threads=threads,
+    with local_broker(settings_from(ctx, config)) as (found, started):
+        settings: Settings = start_role(found, "inference")
+        if started is not None:
+            console.print(
+                f"started an embedded broker at {started.bootstrap_servers} "
+                "(other local commands find it; it stops with this server)"
+            )
+        console.print(
+            f"[bold]inference[/bold] {Path(model).name} ({backend} on {device}) at "
+            f"http://{host}:{port}/v1, following weights of run {settings.run_id!r}"
         )
-    )
+        run_until_signal(
+            lambda stop: serve(
+                settings,
+                model,
+                stop,
+                host=host,
+                port=port,
+                backend=backend,
+                device=device,
+                threads=threads,
+            )
+        )
 
 
 def trainer(ctx: typer.Context, config: ConfigOption = None, resume: ResumeOption = False) -> None:

@@ -32,12 +32,25 @@ def exit_reason(role: str, code: int | None) -> str:
 class RoleProcess:
     """`python -m rlbus worker ROLE ...` with `settings` passed through the environment."""
 
-    def __init__(self, role: str, settings: Settings, log_dir: Path, args: list[str] | None = None):
+    def __init__(
+        self,
+        role: str,
+        settings: Settings,
+        log_dir: Path,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ):
+        """`env`: more environment variables for the role (its thread counts)."""
         self.role = role
         self.args = list(args or [])
         self.log_path = log_dir / f"{role}.log"
         log_dir.mkdir(parents=True, exist_ok=True)
-        self._env = {**os.environ, **settings_env(settings), "PYTHONUNBUFFERED": "1"}
+        self._env = {
+            **os.environ,
+            **settings_env(settings),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
         self.proc = self._spawn()
 
     def _spawn(self) -> subprocess.Popen[bytes]:

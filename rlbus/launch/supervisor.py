@@ -8,6 +8,7 @@ dashboard read from the store; stops everything cleanly when the orchestrator is
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,23 @@ class BrokerLost(RuntimeError):
 
 STOP_ORDER = {"orchestrator": 0, "env": 1, "judge": 2, "trainer": 3, "inference": 4, "sink": 5}
 """Orchestrator and producers first, the trainer (finishing its batch), inference, the sink last."""
+
+
+def role_threads(role: str, inference_threads: int, cpus: int) -> int:
+    """Compute threads for one role of a local run. Inference and the trainer are the roles
+    that compute: inference gets its configured threads, the trainer the cores left (at least
+    one); the others mostly wait on I/O and get one, so that no two roles' thread pools fight
+    over the same cores (torch's default is a thread per core in every process)."""
+    if role == "inference":
+        return inference_threads
+    if role == "trainer":
+        return max(1, cpus - inference_threads)
+    return 1
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """What sets a child's thread pools: torch's intra-op pool follows OMP_NUM_THREADS."""
+    return {name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
 def banner(settings: Settings, logs: Path) -> str:
@@ -93,7 +111,8 @@ class LocalRun:
             raise BrokerLost(f"the broker at {address} is gone")
 
     def _start(self, role: str, settings: Settings, args: list[str]) -> RoleProcess:
-        process = RoleProcess(role, settings, self.run_dir / "logs", args)
+        env = thread_env(role_threads(role, self.cfg.inference.threads, os.cpu_count() or 1))
+        process = RoleProcess(role, settings, self.run_dir / "logs", args, env)
         self.processes.append(process)
         return process
 
