@@ -13,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from rlbus.bus.store import open_store
-from rlbus.commands.run import register
+from rlbus.commands.replay import register
 from rlbus.config import Settings
 from rlbus.config.env import cli_overrides
 from rlbus.consumers.inference.model_init import init_model
