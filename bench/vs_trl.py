@@ -417,16 +417,20 @@ def main() -> None:
         (t, evaluate(args.model, f, task, args.max_tokens)) for t, f in rlbus_saves
     ]
     table = Table("side", "minutes", "held-out reward", title=f"held-out reward ({args.task})")
-    for side, curve in (("TRL", trl_curve), ("rlbus", rlbus_curve)):
+    sides = [("TRL", trl_curve)] + ([] if args.trl_only else [("rlbus", rlbus_curve)])
+    for side, curve in sides:
         for t, r in curve:
             table.add_row(side, f"{t / 60:.1f}", f"{r:.3f}")
     console.print(table)
     target = trl_curve[-1][1]
     trl_time = first_reaching(trl_curve, target)
     ratio = first_reaching(rlbus_curve, target) / trl_time if trl_time > 0 else math.nan
+    rlbus_gain = rlbus_curve[-1][1] - baseline
+    if args.trl_only:  # no rlbus run to compare with
+        ratio = rlbus_gain = math.nan
     print(
         f"RESULT time_to_reward_vs_trl={ratio:.3f} "
-        f"reward_gain={rlbus_curve[-1][1] - baseline:.3f} trl_gain={target - baseline:.3f}"
+        f"reward_gain={rlbus_gain:.3f} trl_gain={target - baseline:.3f}"
     )
 
 
