@@ -157,6 +157,7 @@ def trainer_part(args: argparse.Namespace) -> dict[str, Any]:
     from rlbus.consumers.trainer.batching import micro_batches
     from rlbus.consumers.trainer.checkpoint import CheckpointStore
     from rlbus.consumers.trainer.policy import full_weights, load_policy
+    from rlbus.consumers.trainer.session import WEIGHTS_DTYPES
     from rlbus.consumers.trainer.step import Trainer
 
     torch.manual_seed(0)
@@ -192,8 +193,11 @@ def trainer_part(args: argparse.Namespace) -> dict[str, Any]:
     }
     started = time.perf_counter()
     try:
-        out["weights_uri"] = CheckpointStore(args.workdir).write_weights(1, full_weights(model))
+        # As the trainer publishes: in trainer.weights_dtype (its default), a tied head once.
+        store = CheckpointStore(args.workdir, weights_dtype=WEIGHTS_DTYPES[cfg.weights_dtype])
+        written = store.write_weights(1, full_weights(model))
         out["write_s"] = time.perf_counter() - started
+        out["weights_uri"], out["weights_mb"] = written.uri, written.bytes / 2**20
     except Exception as exc:  # reported as the reason weight_update_share is nan
         out["write_error"] = f"{type(exc).__name__}: {exc}"
     return out | peak_memory(args.device)
@@ -351,7 +355,7 @@ def report(model: Path, args: argparse.Namespace, train: dict, infer: dict) -> N
         update = train["write_s"] + infer["load_first_token_s"]
         share = update / train["trainer_s"]
         console.print(
-            f"weight update: write {train['write_s']:.2f} s (full_weights + write_weights) + "
+            f"weight update: write {train['write_s']:.2f} s ({train['weights_mb']:.0f} MB) + "
             f"load {infer['load_s']:.2f} s + first token on it "
             f"{infer['load_first_token_s'] - infer['load_s']:.2f} s = {update:.2f} s; "
             f"trainer step {train['trainer_s']:.2f} s"
