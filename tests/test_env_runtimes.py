@@ -75,11 +75,11 @@ def test_timeout_kills_the_whole_process_group() -> None:
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(60)\n"
+        "print('woke', flush=True)\n"
     )
-    started = time.monotonic()
     result, _ = run(RuntimeConfig(kind="subprocess", timeout_s=1.0), code)
-    assert time.monotonic() - started < 10
     assert result.error_kind == "timeout" and "1s time limit" in result.error
+    assert "woke" not in result.stdout and result.duration_s >= 1.0  # killed, not waited for
     grandchild = int(result.stdout.split()[0])
     time.sleep(0.2)
     assert not alive(grandchild)
@@ -124,9 +124,7 @@ def test_without_cgroups_a_watchdog_kills_the_tree_over_its_memory(
     if kind == "sandbox" and sandbox_problem() is not None:
         pytest.skip(f"no sandbox here: {sandbox_problem()}")
     monkeypatch.setattr(tree, "cgroup_host", lambda: None)  # a host without writable cgroups
-    started = time.monotonic()
     result, _ = run(RuntimeConfig(kind=kind, memory_mb=250, timeout_s=30), HOG)
-    assert time.monotonic() - started < 20
     assert result.error_kind == "memory" and "held by watchdog" in result.error, result.error
     assert result.peak_mb is not None and result.peak_mb > 250
     print(f"{kind}: watchdog saw the tree peak at {result.peak_mb:.0f} MiB (limit 250 MiB)")
@@ -261,10 +259,10 @@ def test_sandbox_timeout_kills_everything_in_it() -> None:
         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', 'rlbus-sb-marker'],"
         " start_new_session=True)\n"
         "time.sleep(60)\n"
+        "print('woke', flush=True)\n"
     )
-    started = time.monotonic()
     result, _ = run(RuntimeConfig(kind="sandbox", timeout_s=1.0), code)
-    assert time.monotonic() - started < 10 and result.error_kind == "timeout"
+    assert result.error_kind == "timeout" and "woke" not in result.stdout
     time.sleep(0.2)
     leftovers = [
         p.name
