@@ -239,7 +239,7 @@ async def test_eval_streams_record_the_serving_version_and_ids(model_dir: Path) 
         config = ModelConfig(name="tiny", base_url=f"{inference.url}/v1")
         async with InterceptionServer(EvalBackend(config), sampling) as server:
             with server.session("r-v3") as session:
-                await chat(session.base_url, session.anthropic_base_url, Arrivals())
+                await chat(session.base_url, session.anthropic_base_url, Arrivals(backend))
             (call,) = session.trace.calls
         client = InferenceClient(f"{inference.url}/v1")
         again = await client.generate(
@@ -254,7 +254,7 @@ async def test_eval_streams_record_the_serving_version_and_ids(model_dir: Path) 
         config = ModelConfig(name="scripted", base_url=f"{other.url}/v1")
         async with InterceptionServer(EvalBackend(config)) as server:
             with server.session("r-other") as session:
-                await chat(session.base_url, session.anthropic_base_url, Arrivals())
+                await chat(session.base_url, session.anthropic_base_url, Arrivals(backend))
             (call,) = session.trace.calls
     assert call.result.policy_version == UNKNOWN_POLICY_VERSION
     assert session.trace.usage()["max_policy_version"] == UNKNOWN_POLICY_VERSION
