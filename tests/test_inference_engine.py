@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from bpe_model import IM_END, SMOLLM2, smollm2_tokenizer
+from bpe_model import IM_END, smollm2_dir, smollm2_tokenizer
 from safetensors.torch import save_file
 
 from rlbus.clients.renderer import make_renderer
@@ -288,7 +288,7 @@ async def test_smollm2_stops_at_im_end_once_and_the_next_turn_extends_it() -> No
         {"role": "user", "content": "What is the capital of France?"},
     ]
     prompt = renderer.render(conversation)
-    async with Engine.from_pretrained(SMOLLM2) as engine:
+    async with Engine.from_pretrained(smollm2_dir()) as engine:
         out = await engine.generate(prompt, SamplingParams(temperature=0, max_tokens=32))
     im_end = tok.convert_tokens_to_ids(IM_END)
     assert out.finish_reason == "stop" and out.stop_reason == im_end

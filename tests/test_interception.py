@@ -14,7 +14,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from bpe_model import IM_END, SMOLLM2, smollm2_tokenizer
+from bpe_model import IM_END, smollm2_dir, smollm2_tokenizer
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -434,7 +434,7 @@ async def test_train_mode_asks_to_stop_at_the_templates_end_of_turn() -> None:
 
     from rlbus.clients.renderer import make_renderer
 
-    tok = AutoTokenizer.from_pretrained(SMOLLM2, eos_token="<|endoftext|>")
+    tok = AutoTokenizer.from_pretrained(smollm2_dir(), eos_token="<|endoftext|>")
     im_end = tok.convert_tokens_to_ids(IM_END)
     renderer = make_renderer(tok)
     assert renderer.stop_token_ids == [tok.eos_token_id, im_end]
