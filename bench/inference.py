@@ -31,6 +31,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+import timed_generate
 import torch
 from rich.console import Console
 from rich.progress import Progress
@@ -84,38 +85,14 @@ def chat_prompts(engine: Engine, n: int) -> list[list[int]]:
 
 def bare_generate(engine: Engine, prompts: list[list[int]], tokens: int) -> Figure:
     """One `model.generate` call over the prompts as one left-padded batch."""
-    pad = engine.tokenizer.pad_token_id
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    started = time.perf_counter()
-    with torch.inference_mode():
-        # Keyword arguments: in a GenerationConfig, eos_token_id=None means the model's EOS.
-        out = engine.model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=tokens,
-            eos_token_id=None,
-            pad_token_id=pad,
-        )
-    seconds = time.perf_counter() - started
-    if out.shape[1] - width != tokens:
-        raise RuntimeError(
-            f"generate stopped after {out.shape[1] - width} of {tokens} tokens: EOS was not ignored"
-        )
+    seconds = timed_generate.bare_generate(engine.model, engine.tokenizer, prompts, tokens)
     return Figure(seconds, tokens * len(prompts))
 
 
 async def engine_generate(engine: Engine, prompts: list[list[int]], tokens: int) -> Figure:
     """All prompts submitted at once, as concurrent clients would."""
-    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
-    started = time.perf_counter()
-    results = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
-    return Figure(time.perf_counter() - started, sum(len(r.completion_ids) for r in results))
+    seconds = await timed_generate.engine_generate(engine, prompts, tokens)
+    return Figure(seconds, tokens * len(prompts))
 
 
 async def engine_first_token(engine: Engine, prompt: list[int], tokens: int) -> float:

@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from timed_generate import bare_generate, engine_generate, synchronize
+
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "bench" / "out" / "models" / "smollm2"
 TOPICS = ["rivers", "prime numbers", "sorting", "tea", "chess", "volcanoes", "compilers", "bees"]
@@ -70,13 +72,6 @@ def peak_memory(device: str) -> dict[str, float]:
     if device.startswith("cuda"):
         out["gpu_gb"] = torch.cuda.max_memory_allocated() / 2**30
     return out
-
-
-def synchronize(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def chat_prompts(tokenizer: Any, n: int) -> list[list[int]]:
@@ -206,52 +201,6 @@ def trainer_part(args: argparse.Namespace) -> dict[str, Any]:
 # ---- inference part --------------------------------------------------------------------------
 
 
-def bare_generate(engine: Any, prompts: list[list[int]], tokens: int) -> float:
-    import torch
-
-    pad = engine.tokenizer.pad_token_id
-    if pad is None:
-        pad = engine.tokenizer.eos_token_id
-    width = max(len(p) for p in prompts)
-    device = engine.model.device
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    synchronize(str(device))
-    started = time.perf_counter()
-    with torch.inference_mode():
-        # Keyword arguments: in a GenerationConfig, eos_token_id=None means the model's EOS.
-        out = engine.model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=tokens,
-            min_new_tokens=tokens,
-            eos_token_id=None,
-            pad_token_id=pad,
-        )
-    synchronize(str(device))
-    seconds = time.perf_counter() - started
-    if out.shape[1] - width != tokens:
-        raise RuntimeError(f"generate stopped after {out.shape[1] - width} of {tokens} tokens")
-    return seconds
-
-
-async def engine_generate(engine: Any, prompts: list[list[int]], tokens: int) -> float:
-    from rlbus.clients.token_api import SamplingParams
-
-    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
-    started = time.perf_counter()
-    results = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
-    seconds = time.perf_counter() - started
-    got = sum(len(r.completion_ids) for r in results)
-    if got != tokens * len(prompts):
-        raise RuntimeError(f"the engine generated {got} of {tokens * len(prompts)} tokens")
-    return seconds
-
-
 async def first_token_on(engine: Any, prompt: list[int], version: int) -> None:
     from rlbus.clients.token_api import SamplingParams
 
@@ -270,11 +219,13 @@ async def inference_async(args: argparse.Namespace) -> dict[str, Any]:
     async with Engine.from_pretrained(args.model, device=args.device, dtype=dtype) as engine:
         prompts = chat_prompts(engine.tokenizer, args.batch)
         await engine_generate(engine, prompts, args.max_tokens)
-        bare_generate(engine, prompts, args.max_tokens)
+        bare_generate(engine.model, engine.tokenizer, prompts, args.max_tokens)
         engine_s, generate_s = [], []
         for _ in range(args.trials):
             engine_s.append(await engine_generate(engine, prompts, args.max_tokens))
-            generate_s.append(bare_generate(engine, prompts, args.max_tokens))
+            generate_s.append(
+                bare_generate(engine.model, engine.tokenizer, prompts, args.max_tokens)
+            )
         out: dict[str, Any] = {
             "tokens": args.batch * args.max_tokens,
             "engine_s": min(engine_s),

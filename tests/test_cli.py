@@ -29,10 +29,15 @@ ROWS = [
 def rlbus(
     settings: Settings, *args: str, cwd: Path | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **settings_env(settings), "COLUMNS": "200"}
+    return run_cli({**os.environ, **settings_env(settings)}, *args, cwd=cwd, timeout=timeout)
+
+
+def run_cli(
+    env: dict[str, str], *args: str, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "rlbus", *args],
-        env=env,
+        env={**env, "COLUMNS": "200"},
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -156,14 +161,7 @@ def test_broker_command_is_found_by_other_commands(tmp_path: Path) -> None:
             line = broker.stdout.readline()  # type: ignore[union-attr]
         address = line.rsplit(" ", 1)[-1].strip()
         assert address.startswith("127.0.0.1:")
-        topics = subprocess.run(
-            [sys.executable, "-m", "rlbus", "topics"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        topics = run_cli(env, "topics", cwd=tmp_path, timeout=60)
         assert topics.returncode == 0, topics.stderr
         assert f"topics on {address}" in topics.stdout
     finally:
@@ -255,14 +253,7 @@ def test_worker_inference_alone_starts_a_broker_and_withdraws_it(tmp_path: Path)
         )
         address, pid = announcement.read_text().split()
         assert int(pid) == worker.pid and reachable(address)
-        topics = subprocess.run(
-            [sys.executable, "-m", "rlbus", "topics"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        topics = run_cli(env, "topics", cwd=tmp_path, timeout=60)
         assert topics.returncode == 0 and f"topics on {address}" in topics.stdout, topics.stderr
     finally:
         worker.terminate()
