@@ -5,6 +5,7 @@ them: the real inference engine and server with a real BPE vocabulary, at the co
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import shutil
 from functools import cache
@@ -30,10 +31,15 @@ def smollm2_dir() -> Path:
     key.update(Path(model_import.__file__).read_bytes())
     cache_dir = Path.home() / ".cache" / "rlbus-tests"
     out = cache_dir / f"smollm2-float32-{key.hexdigest()[:12]}"
-    if not out.is_dir():
-        for stale in cache_dir.glob("smollm2-float32-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        model_import.import_model(gguf, out, dtype="float32")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # pytest-xdist workers ask at once: one converts, the others wait for it and reuse its copy
+    # (without the lock, one worker's stale sweep could delete another's fresh import).
+    with open(cache_dir / "smollm2.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.is_dir():
+            for stale in cache_dir.glob("smollm2-float32-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            model_import.import_model(gguf, out, dtype="float32")
     return out
 
 
