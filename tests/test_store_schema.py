@@ -116,14 +116,14 @@ def test_migration_runner_records_only_what_succeeded(tmp_path: Path) -> None:
             "CREATE TABLE u (a Nope) ENGINE = Memory;",
         )
         with pytest.raises(MigrationError, match=r"0002_u.sql, statement 2 failed: .*Nope"):
-            migrate(client, [good, broken])
+            migrate(client, [good, broken], views=[])
         assert client.query("SELECT version FROM schema_migrations FINAL").result_rows == [(1,)]
         fixed = Migration(2, "0002_u.sql", broken.sql.replace("Nope", "Int64"))
-        assert migrate(client, [good, fixed]) == ["0002_u.sql"]
-        assert migrate(client, [good, fixed]) == []
+        assert migrate(client, [good, fixed], views=[]) == ["0002_u.sql"]
+        assert migrate(client, [good, fixed], views=[]) == []
         edited = Migration(1, "0001_t.sql", good.sql + "\n-- edited")
         with pytest.raises(MigrationError, match=r"0001_t\.sql differs .* new numbered migration"):
-            migrate(client, [edited, fixed])
+            migrate(client, [edited, fixed], views=[])
     finally:
         client.close()
 

@@ -1,4 +1,4 @@
-"""The analytics views (migration 0004) over events that went through the real sink into chdb,
+"""The analytics views (bus/store/views) over events that went through the real sink into chdb,
 each checked against figures this test computes itself from the events it published."""
 
 from __future__ import annotations
