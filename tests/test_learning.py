@@ -22,7 +22,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 sys.path.insert(0, str(EXAMPLE.parent))
 import recipe
 
-STEPS = 40
+STEPS = 60
 
 
 @pytest.mark.slow
@@ -48,7 +48,7 @@ async def test_grpo_raises_reward_after_sft_warm_start(settings: Settings, tmp_p
             "orchestrator": {
                 "tasks_per_step": 8,
                 "eval_every": STEPS,
-                "eval_tasks": 256,
+                "eval_tasks": 512,
                 "seed": 0,
             },
             "trainer": {"checkpoint_url": str(tmp_path / "ckpt")},
@@ -60,4 +60,7 @@ async def test_grpo_raises_reward_after_sft_warm_start(settings: Settings, tmp_p
         held_out = {version: exact for version, exact, _, _ in recipe.held_out(store, "rl")}
     print("held-out exact match by version:", held_out)
     assert set(held_out) == {0, STEPS}
+    # 512 held-out tasks: the difference of two exact-match rates near 0.5 has a standard error
+    # of ~0.03, and 60 steps rise ~0.2 here (0.13-0.17 after 40 steps, and once 0.08 on a loaded
+    # CI machine), so +0.1 fails only when RL does not work.
     assert held_out[STEPS] > held_out[0] + 0.1
