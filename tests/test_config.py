@@ -63,6 +63,9 @@ def test_wrong_type_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLBUS_STORE__FLUSH_INTERVAL_S", "-1")
     with pytest.raises(ConfigError, match=r"store\.flush_interval_s: .*greater than 0"):
         load_settings()
+    monkeypatch.setenv("RLBUS_KAFKA", "{not json")
+    with pytest.raises(ConfigError, match=r'environment.*field "kafka"'):
+        load_settings()
 
 
 def test_cli_rejects_bad_field_before_starting() -> None:

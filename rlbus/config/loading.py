@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
-from pydantic_settings import EnvSettingsSource, InitSettingsSource, TomlConfigSettingsSource
+from pydantic_settings import (
+    EnvSettingsSource,
+    InitSettingsSource,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
 
 from rlbus.config.base import ConfigError
 from rlbus.config.settings import Settings
@@ -102,6 +107,8 @@ def load_settings(
             filter(None, [str(path) if path else "", "environment", "CLI" if cli else ""])
         )
         raise ConfigError(format_validation_error(exc, source)) from exc
+    except SettingsError as exc:  # a complex field's env var that is not JSON
+        raise ConfigError(f"invalid config (environment): {exc}") from exc
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
