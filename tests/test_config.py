@@ -24,6 +24,21 @@ def test_precedence_toml_env_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     )
 
 
+def test_env_set_to_the_default_beats_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    toml = tmp_path / "c.toml"
+    toml.write_text('run_id = "from-file"\n[kafka]\npartitions = 3\n[store]\nserve_http = false\n')
+    monkeypatch.setenv("RLBUS_RUN_ID", "default")
+    monkeypatch.setenv("RLBUS_KAFKA__PARTITIONS", "4")
+    monkeypatch.setenv("RLBUS_STORE__SERVE_HTTP", "true")
+    s = load_settings(toml)
+    assert (s.run_id, s.kafka.partitions, s.store.serve_http) == ("default", 4, True)
+    # ...and the CLI, set to the default too, beats both.
+    monkeypatch.setenv("RLBUS_KAFKA__PARTITIONS", "5")
+    assert load_settings(toml, ["--kafka.partitions", "4"]).kafka.partitions == 4
+
+
 def test_typo_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"kafka\.bootstrap_server: unknown field"):
         load_settings(overrides=["--kafka.bootstrap-server", "h:9092"])
@@ -33,11 +48,23 @@ def test_typo_is_named(tmp_path: Path) -> None:
         load_settings(toml)
 
 
+def test_unreadable_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cannot read config .*missing\.toml"):
+        load_settings(tmp_path / "missing.toml")
+    toml = tmp_path / "bad.toml"
+    toml.write_text("[kafka\n")
+    with pytest.raises(ConfigError, match=r"cannot read config .*bad\.toml"):
+        load_settings(toml)
+
+
 def test_wrong_type_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match=r"kafka\.partitions: .*integer.*'four'"):
         load_settings(overrides=["--kafka.partitions", "four"])
     monkeypatch.setenv("RLBUS_STORE__FLUSH_INTERVAL_S", "-1")
     with pytest.raises(ConfigError, match=r"store\.flush_interval_s: .*greater than 0"):
+        load_settings()
+    monkeypatch.setenv("RLBUS_KAFKA", "{not json")
+    with pytest.raises(ConfigError, match=r'environment.*field "kafka"'):
         load_settings()
 
 

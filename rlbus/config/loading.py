@@ -1,5 +1,14 @@
 """Loading settings: a TOML file, then environment variables (RLBUS_A__B), then dotted CLI
-overrides (--a.b-c VALUE). Unknown or invalid fields fail before anything starts, named."""
+overrides (--a.b-c VALUE), later wins. Unknown or invalid fields fail before anything starts,
+named.
+
+pydantic-settings layers the three: an InitSettingsSource (the overrides), its
+EnvSettingsSource and its TomlConfigSettingsSource, in that priority, handed to the model as
+`_build_sources` because the file is chosen per call, not per class. The overrides are parsed
+here: its CliSettingsSource is argparse, which cannot take both `--flag` (True) and
+`--flag false`, nor reach into dict fields (`--envs.NAME.path`), and rejects a misspelt field
+as an unrecognized argument instead of naming it beside the other invalid fields.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +17,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
+from pydantic_settings import (
+    EnvSettingsSource,
+    InitSettingsSource,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
 
 from rlbus.config.base import ConfigError
 from rlbus.config.settings import Settings
@@ -71,34 +86,29 @@ def load_settings(
     path: str | Path | None = None,
     overrides: list[str] | dict[str, Any] | None = None,
     model: type[S] = Settings,  # type: ignore[assignment]
-    toml_table: str | None = None,
 ) -> S:
     """Build settings from an optional TOML file, the environment and CLI overrides.
 
-    `toml_table` picks a sub-table of the file when the same file also holds other sections
-    (e.g. environment config). Raises ConfigError naming every bad field.
+    Raises ConfigError naming every bad field.
     """
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read config {path}: {exc}") from exc
-        if toml_table is not None:
-            data = data.get(toml_table, {})
     cli = parse_overrides(overrides) if isinstance(overrides, list) else dict(overrides or {})
-    # Env vars must beat the file but lose to the CLI; pydantic-settings only orders sources
-    # against init kwargs, so the file is validated as a base and the env layered on top.
+    # The TOML source skips a missing file silently; a named file must exist.
+    if path is not None and not Path(path).expanduser().is_file():
+        raise ConfigError(f"cannot read config {path}: no such file")
     try:
-        env_only = model()
-        env_set = env_only.model_dump(exclude_defaults=True)
-        merged = deep_merge(deep_merge(data, env_set), cli)
-        return model(**merged)
+        toml = TomlConfigSettingsSource(model, toml_file=path)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    sources = (InitSettingsSource(model, cli), EnvSettingsSource(model), toml)
+    try:
+        return model(_build_sources=(sources, {}))
     except ValidationError as exc:
         source = ", ".join(
             filter(None, [str(path) if path else "", "environment", "CLI" if cli else ""])
         )
         raise ConfigError(format_validation_error(exc, source)) from exc
+    except SettingsError as exc:  # a complex field's env var that is not JSON
+        raise ConfigError(f"invalid config (environment): {exc}") from exc
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

@@ -8,7 +8,7 @@ from typing import Literal
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rlbus.config.base import Section
 from rlbus.config.secret import Secret, SecretUrl
@@ -139,19 +139,6 @@ class Settings(BaseSettings):
     store: StoreConfig = StoreConfig()
     claim_check: ClaimCheckConfig = ClaimCheckConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # CLI overrides arrive as init kwargs and win over env, which wins over the TOML
-        # (merged in by `load_settings` before init).
-        return (init_settings, env_settings)
 
 
 def data_dir(settings: Settings) -> Path:
