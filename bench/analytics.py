@@ -11,7 +11,8 @@ same data's plain SQL in chdb, in one run.
    write over the base tables for the same figures (checked equal).
 3. ui pages: `rlbus ui` in its own process reads the store through this process's endpoint (as
    while a run holds it); each page's response time vs the plain SQL that fetches the same data
-   in this process. Browser load (headless chromium: request to load event) is printed too.
+   in this process. Browser load (headless chromium through the `test` extra's Playwright:
+   request to load event) is printed too.
 
 Every figure is the p95 of `--repeat` timings; a ratio is a p95 over its baseline's p95. Last
 line: RESULT ui_vs_sql_p95=<worst page's ratio> views_vs_sql_p95=<worst view's ratio>
@@ -23,7 +24,6 @@ line: RESULT ui_vs_sql_p95=<worst page's ratio> views_vs_sql_p95=<worst view's r
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import os
 import re
@@ -38,6 +38,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from playwright.sync_api import Page as BrowserPage
 from rich.console import Console
 from rich.table import Table
 
@@ -57,7 +58,7 @@ from rlbus.schemas import (
     derived_id,
     group_id_of,
 )
-from rlbus.ui.browser import Browser, BrowserMissing
+from rlbus.testing.browser import BrowserMissing, chromium_page, timing
 
 console = Console()
 GROUP = 8
@@ -661,23 +662,22 @@ def time_pages(
 
 
 def browser_loads(base: str, shown: list[Page], repeat: int) -> dict[str, float]:
-    """p95 ms from request to load event in headless chromium, per page (none without one)."""
+    """p95 seconds from request to load event in headless chromium, per page (none without
+    one)."""
 
-    async def run() -> dict[str, float]:
-        loads: dict[str, float] = {}
-        async with Browser() as browser:
-            for page in shown:
-                samples = [
-                    (await browser.goto(base + page.path))["load"] for _ in range(repeat + 1)
-                ]
-                loads[page.name] = p95(samples[1:]) / 1000
-        return loads
+    def load_ms(tab: BrowserPage, path: str) -> float:
+        tab.goto(base + path)
+        return timing(tab)["load"]
 
+    loads: dict[str, float] = {}
     try:
-        return asyncio.run(run())
+        with chromium_page() as tab:
+            for page in shown:
+                samples = [load_ms(tab, page.path) for _ in range(repeat + 1)]
+                loads[page.name] = p95(samples[1:]) / 1000
     except BrowserMissing as exc:
         console.print(f"[yellow]browser load not measured: {exc}[/]")
-        return {}
+    return loads
 
 
 def main() -> None:

@@ -41,9 +41,9 @@ from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.trainer.batching import micro_batches
 from rlbus.consumers.trainer.policy import load_policy
 from rlbus.consumers.trainer.step import Trainer
-from rlbus.launch.in_process import run_in_process
 from rlbus.schemas import TrainBatch, WeightLoaded, WeightVersion, derived_id
 from rlbus.testing import ScriptedModel, ScriptedServer
+from rlbus.testing.in_process import run_in_process
 
 console = Console()
 EXAMPLE = ROOT / "examples" / "reverse_text"

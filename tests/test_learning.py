@@ -16,7 +16,7 @@ from rlbus.config.runs import RunConfig
 from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.orchestrator.stored_samples import stored_samples
 from rlbus.consumers.trainer.sft import train_sft
-from rlbus.launch.in_process import run_in_process
+from rlbus.testing.in_process import run_in_process
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 sys.path.insert(0, str(EXAMPLE.parent))

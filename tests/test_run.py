@@ -13,7 +13,7 @@ from rlbus.bus.store import open_store
 from rlbus.config import Settings, load_settings
 from rlbus.config.runs import RunConfig
 from rlbus.consumers.inference.model_init import init_model
-from rlbus.launch.in_process import run_in_process
+from rlbus.testing.in_process import run_in_process
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 
@@ -140,7 +140,7 @@ async def test_restarted_orchestrator_learns_where_the_run_stands(
     learns the trained and served versions from their re-announcements, then finishes the run."""
     from rlbus.consumers.orchestrator.build import build_orchestrator
     from rlbus.consumers.orchestrator.loop import run_orchestrator
-    from rlbus.launch.in_process import local_roles
+    from rlbus.testing.in_process import local_roles
 
     cfg = run_config(settings, tiny, tmp_path, mode="sync", eval_every=0, drop_zero_signal=False)
     cfg = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"announce_every_s": 1.0})})

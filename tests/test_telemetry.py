@@ -34,12 +34,12 @@ from rlbus.config import Settings, settings_env
 from rlbus.config.settings import TelemetryConfig
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.inference.service import build_app, build_backend
-from rlbus.launch.in_process import run_in_process
 from rlbus.launch.processes import RoleProcess, alive
 from rlbus.producers.environment import ModelConfig, load_environment
 from rlbus.producers.interception import EvalBackend, InterceptionServer
 from rlbus.schemas import TaskPublished
 from rlbus.testing import ScriptedModel, ScriptedServer
+from rlbus.testing.in_process import run_in_process
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from playwright.sync_api import Page
 from test_run import EXAMPLE, run_config
 from test_sink import publish, start_sink
 from test_views import module_settings
@@ -36,10 +37,10 @@ from rlbus.bus.store import Store, open_store
 from rlbus.bus.waiting import wait_for
 from rlbus.config import Settings, settings_env
 from rlbus.consumers.inference.model_init import init_model
-from rlbus.launch.in_process import run_in_process
 from rlbus.launch.processes import alive
 from rlbus.schemas import DeadLetter, RolloutCompleted, RolloutScored, derived_id
-from rlbus.ui.browser import Browser, BrowserMissing, executable
+from rlbus.testing.browser import BrowserMissing, chromium_page, executable, timing
+from rlbus.testing.in_process import run_in_process
 from rlbus.ui.charts import number
 from rlbus.ui.server import serve
 
@@ -422,106 +423,114 @@ def png_is_painted(path: Path) -> bool:
     return width > 100 and height > 100 and len(set(pixels[: 4 * width * 200])) > 16
 
 
-async def visit(browser: Browser, world: World, path: str, name: str) -> dict[str, Any]:
-    timing = await browser.goto(f"{world.url}{path}")
-    assert timing["status"] == 200, (path, timing)
-    shot = await browser.screenshot(world.shots / f"{name}.png")
+def visit(page: Page, world: World, path: str, name: str) -> dict[str, Any]:
+    page.goto(f"{world.url}{path}")
+    loaded = timing(page)
+    assert loaded["status"] == 200, (path, loaded)
+    shot = world.shots / f"{name}.png"
+    page.screenshot(path=shot, full_page=True)
     assert png_is_painted(shot), f"{shot} looks blank"
-    return timing
+    return loaded
 
 
-async def check_pages_in_browser(world: World) -> None:
-    async with Browser() as b:
-        await visit(b, world, "/", "runs")
-        runs = await b.evaluate(
+def press_to_open(page: Page, key: str) -> dict[str, Any]:
+    """Press `key` (Playwright's names: "Control+Enter") as a user does; the timing of the page
+    it opens."""
+    with page.expect_navigation():
+        page.keyboard.press(key)
+    return timing(page)
+
+
+def check_pages_in_browser(world: World) -> None:
+    with chromium_page() as page:
+        visit(page, world, "/", "runs")
+        runs = page.evaluate(
             "[...document.querySelectorAll('#runs tbody tr td:first-child')]"
             ".map(t => t.textContent.trim())"
         )
         assert world.run in runs and world.other in runs
 
-        await visit(b, world, f"/runs/{world.run}", "run")
-        charts = await b.evaluate(
+        visit(page, world, f"/runs/{world.run}", "run")
+        charts = page.evaluate(
             "[...document.querySelectorAll('svg.chart')]"
             ".map(s => s.querySelectorAll('circle.dot').length)"
         )
         assert len(charts) == 6 and all(n > 0 for n in charts), charts
-        assert await b.evaluate("document.getElementById('run-id').textContent") == world.run
+        assert page.evaluate("document.getElementById('run-id').textContent") == world.run
 
-        await visit(b, world, f"/rollouts?run={world.run}", "rollouts")
-        rows = await b.evaluate("document.querySelectorAll('#rollouts tbody tr').length")
+        visit(page, world, f"/rollouts?run={world.run}", "rollouts")
+        rows = page.evaluate("document.querySelectorAll('#rollouts tbody tr').length")
         assert rows == 50
 
-        await visit(b, world, f"/rollouts/{world.rescored}", "rollout")
-        strip = await b.evaluate("document.querySelectorAll('#strip-0 .tok.m1').length")
+        visit(page, world, f"/rollouts/{world.rescored}", "rollout")
+        strip = page.evaluate("document.querySelectorAll('#strip-0 .tok.m1').length")
         (ids,) = sql(
             world,
             "SELECT completion_ids FROM tokens FINAL WHERE rollout_id = {r:String}",
             r=world.rescored,
         )[0]
         assert strip == len(ids)
-        assert await b.evaluate("document.querySelectorAll('svg.trace circle.node').length") > 0
+        assert page.evaluate("document.querySelectorAll('svg.trace circle.node').length") > 0
 
-        await visit(b, world, f"/compare?a={world.run}&b={world.other}", "compare")
-        assert "run B says" in await b.evaluate("document.getElementById('sides').textContent")
+        visit(page, world, f"/compare?a={world.run}&b={world.other}", "compare")
+        assert "run B says" in page.evaluate("document.getElementById('sides').textContent")
 
-        await visit(b, world, "/sql?q=SELECT+number,+number*number+AS+sq+FROM+numbers(8)", "sql")
-        cells = await b.evaluate(
+        visit(page, world, "/sql?q=SELECT+number,+number*number+AS+sq+FROM+numbers(8)", "sql")
+        cells = page.evaluate(
             "[...document.querySelectorAll('#result tbody tr')].map(r => r.cells[1].textContent)"
         )
         assert cells == [str(n * n) for n in range(8)]
-        assert (
-            await b.evaluate("document.querySelectorAll('#chart-console circle.dot').length") == 8
-        )
+        assert page.evaluate("document.querySelectorAll('#chart-console circle.dot').length") == 8
 
 
-async def check_keys_in_browser(world: World) -> None:
-    async with Browser() as b:
-        await b.goto(f"{world.url}/rollouts?run={world.run}")
-        await b.press("j")
-        await b.press("j")
-        await b.press("ArrowDown")
-        await b.press("k")
-        selected = await b.evaluate(
+def check_keys_in_browser(world: World) -> None:
+    with chromium_page() as page:
+        page.goto(f"{world.url}/rollouts?run={world.run}")
+        page.keyboard.press("j")
+        page.keyboard.press("j")
+        page.keyboard.press("ArrowDown")
+        page.keyboard.press("k")
+        selected = page.evaluate(
             "[...document.querySelectorAll('#rollouts tbody tr')]"
             ".findIndex(r => r.classList.contains('selected'))"
         )
         assert selected == 1
-        first = await b.evaluate(
+        first = page.evaluate(
             "document.querySelector('#rollouts tbody tr.selected a').getAttribute('href')"
         )
-        opened = await b.press("Enter", navigates=True)
+        opened = press_to_open(page, "Enter")
         assert opened and opened["url"].endswith(first)
-        await b.goto(f"{world.url}/rollouts?run={world.run}")
-        await b.press("/")
-        assert await b.evaluate("document.activeElement.name") == "run"
-        await b.press("Escape")
-        later = await b.press("n", navigates=True)
+        page.goto(f"{world.url}/rollouts?run={world.run}")
+        page.keyboard.press("/")
+        assert page.evaluate("document.activeElement.name") == "run"
+        page.keyboard.press("Escape")
+        later = press_to_open(page, "n")
         assert later and "after=" in later["url"]
-        await b.press("g")
-        console = await b.press("s", navigates=True)
+        page.keyboard.press("g")
+        console = press_to_open(page, "s")
         assert console and console["url"].endswith("/sql")
-        await b.evaluate(
+        page.evaluate(
             "document.querySelector('#console textarea').value = 'SELECT 41 + 1 AS answer'"
         )
-        await b.press("/")
-        ran = await b.press("Enter", navigates=True, ctrl=True)
+        page.keyboard.press("/")
+        ran = press_to_open(page, "Control+Enter")
         assert ran and "q=SELECT" in ran["url"]
-        assert await b.evaluate("document.querySelector('#result tbody td').textContent") == "42"
-        await b.press("Escape")
-        await b.press("?")
-        assert await b.evaluate("!document.getElementById('help').hidden")
+        assert page.evaluate("document.querySelector('#result tbody td').textContent") == "42"
+        page.keyboard.press("Escape")
+        page.keyboard.press("?")
+        assert page.evaluate("!document.getElementById('help').hidden")
 
 
 def test_every_page_in_a_real_browser(world: World) -> None:
     """Debian's chromium, headless. Missing, it fails (never skips): `.ci/run` installs it."""
-    asyncio.run(check_pages_in_browser(world))
+    check_pages_in_browser(world)
     assert sorted(p.name for p in world.shots.iterdir()) == sorted(
         f"{n}.png" for n in ("runs", "run", "rollouts", "rollout", "compare", "sql")
     )
 
 
 def test_keyboard_moves_opens_filters_pages_and_runs_sql(world: World) -> None:
-    asyncio.run(check_keys_in_browser(world))
+    check_keys_in_browser(world)
 
 
 def test_a_missing_browser_fails_and_says_what_installs_it(

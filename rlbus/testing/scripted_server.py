@@ -1,5 +1,4 @@
-"""Test doubles (like torch.testing, a testing module rather than part of any role): a scripted
-model server on loopback that speaks OpenAI chat completions and token-in/token-out
+"""A scripted model server on loopback that speaks OpenAI chat completions and token-in/token-out
 `/v1/generate`, answering from a Python function instead of a model.
 
 Tests and benchmarks point real clients (and the interception server) at it, so nothing but

@@ -1,0 +1,15 @@
+"""Test and benchmark support (like torch.testing), not part of any role: no role, command or
+launcher imports it. `scripted_server`: a scripted OpenAI-compatible model server (the test
+double for a remote LLM); `in_process`: every role of a run in one event loop; `browser`:
+Debian's headless chromium under Playwright, for the ui's browser tests and bench/analytics.py.
+"""
+
+from rlbus.testing.scripted_server import (
+    ScriptedModel,
+    ScriptedServer,
+    reverse_task_word,
+    serve,
+    serve_in_child,
+)
+
+__all__ = ["ScriptedModel", "ScriptedServer", "reverse_task_word", "serve", "serve_in_child"]
