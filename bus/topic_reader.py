@@ -22,14 +22,19 @@ async def read_records(bus: Bus, topic: str, poll_ms: int = 500) -> list[Consume
     a partition's end as its last batch's first offset + 1: a fetch brings that batch whole."""
     name = bus.topics.name(topic)
     await bus.topics.ensure([topic])
-    consumer = AIOKafkaConsumer(**client_options(bus.kafka), enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        **client_options(bus.kafka), enable_auto_commit=False, auto_offset_reset="earliest"
+    )
     await consumer.start()
     try:
         await consumer.topics()  # metadata, so the partitions are known
         tps = [TopicPartition(name, p) for p in sorted(consumer.partitions_for_topic(name) or ())]
         consumer.assign(tps)
         ends = await consumer.end_offsets(tps)
-        await consumer.seek_to_beginning(*tps)
+        # An explicit seek to each start offset: seek_to_beginning only requests a reset, which
+        # the reset that assign() started (to the latest offset, by default) could overtake.
+        for tp, start in (await consumer.beginning_offsets(tps)).items():
+            consumer.seek(tp, start)
         records: list[ConsumerRecord] = []
         behind = {tp for tp in tps if ends[tp] > 0}
         while behind:

@@ -232,3 +232,16 @@ async def test_slow_event_neither_stalls_the_rest_nor_gets_committed(settings: S
         again = await collect(bus, "env", ["rollouts"], 18)
     assert sorted(quick, key=int) == [str(i) for i in range(21) if i != 3]
     assert [d.event.rollout_id for d in again] == [str(i) for i in range(3, 21)]  # type: ignore[attr-defined]
+
+
+async def test_reading_a_topic_back_always_starts_at_its_beginning(settings: Settings) -> None:
+    """read_records seeks each partition to its start; the consumer's own reset to the latest
+    offset (on assign) once raced that seek and won, and a restarting inference worker then saw
+    no weights (1 read in ~60 came back empty with 20 at once)."""
+    from rlbus.bus.topic_reader import read_records
+
+    async with Bus.of(settings) as bus:
+        await bus.publish(TaskPublished(task_id="t1", env="e", prompt=[], run_id=settings.run_id))
+        for _ in range(5):
+            reads = await asyncio.gather(*(read_records(bus, "tasks") for _ in range(20)))
+            assert [len(records) for records in reads] == [1] * 20
