@@ -33,3 +33,14 @@ def smollm2_dir() -> Path:
     from bpe_model import smollm2_dir as imported
 
     return imported()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The fast tier (`pytest -m fast`): tests of handlers and pure logic, which need neither
+    the session broker nor a `slow` mark; tests that start processes or brokers of their own
+    are marked `slow` where they are defined."""
+    for item in items:
+        if "broker" not in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
+            "slow"
+        ):
+            item.add_marker(pytest.mark.fast)

@@ -144,6 +144,7 @@ def test_bad_source_and_missing_broker_are_explained(settings: Settings, tmp_pat
     assert result.returncode != 0 and "rlbus broker" in result.stderr
 
 
+@pytest.mark.slow
 def test_broker_command_is_found_by_other_commands(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLBUS_")}
     broker = subprocess.Popen(
@@ -208,6 +209,7 @@ def test_embedded_broker_reports_a_binary_that_cannot_run(
         EmbeddedBroker(log_path=tmp_path / "log").start(timeout_s=5)
 
 
+@pytest.mark.slow
 def test_the_cli_imports_no_model_library() -> None:
     # Every role process runs `python -m rlbus worker ...`: torch and transformers there cost
     # each of them seconds before doing anything (the CLI took 6.3 s to import with them).
@@ -220,6 +222,7 @@ def test_the_cli_imports_no_model_library() -> None:
     assert out.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_worker_inference_alone_starts_a_broker_and_withdraws_it(tmp_path: Path) -> None:
     """`rlbus worker inference` with no broker configured or announced starts one, announces it
     for the next commands, and stops it (announcement withdrawn) when it stops."""

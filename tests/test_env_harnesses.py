@@ -10,6 +10,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rlbus.producers.environment import Scorer, load_environment
 from rlbus.producers.interception import EvalBackend, InterceptionServer
 from rlbus.producers.rollouts import RolloutOutput, RolloutRunner
@@ -83,6 +85,7 @@ async def test_tool_mistakes_are_reported_to_the_model() -> None:
     assert out.rollout.status == "ok" and out.rollout.completion[-1]["content"] == "give up"
 
 
+@pytest.mark.slow
 async def test_mcp_server_tools(tmp_path: Path) -> None:
     (tmp_path / "server.py").write_text(
         textwrap.dedent('''

@@ -117,6 +117,7 @@ import time; time.sleep(10)
 
 
 @pytest.mark.parametrize("kind", ["subprocess", "sandbox"])
+@pytest.mark.slow
 def test_without_cgroups_a_watchdog_kills_the_tree_over_its_memory(
     monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
@@ -130,6 +131,7 @@ def test_without_cgroups_a_watchdog_kills_the_tree_over_its_memory(
     print(f"{kind}: watchdog saw the tree peak at {result.peak_mb:.0f} MiB (limit 250 MiB)")
 
 
+@pytest.mark.slow
 def test_without_cgroups_the_subprocess_tree_is_killed_at_the_limit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -56,6 +56,7 @@ def test_the_default_runtime_is_the_sandbox_here() -> None:
     assert sandbox_problem() is None
 
 
+@pytest.mark.slow
 async def test_llm_cli_answers_with_a_state_directory_per_rollout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -82,6 +83,7 @@ async def test_llm_cli_answers_with_a_state_directory_per_rollout(
     assert all(call["model"] == "scripted" for call in model.calls)
 
 
+@pytest.mark.slow
 async def test_llm_passes_the_system_prompt(tmp_path: Path) -> None:
     model = ScriptedModel()
     (out,) = await run_rollouts(model, {"kind": "llm", "args": ["--no-stream"]})
@@ -92,6 +94,7 @@ async def test_llm_passes_the_system_prompt(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("api", ["responses", "chat"])
+@pytest.mark.slow
 async def test_openai_agents_sdk_answers(api: str) -> None:
     (out,) = await run_rollouts(ScriptedModel(), {"kind": "openai-agents", "api": api})
     ok(out)
@@ -99,6 +102,7 @@ async def test_openai_agents_sdk_answers(api: str) -> None:
     assert said and said == out.rollout.completion[-1]["content"]
 
 
+@pytest.mark.slow
 async def test_openai_agents_sdk_takes_an_answer_cut_at_the_token_limit() -> None:
     """Responses mode: the SDK raises on a response with status "incomplete"; the preset takes
     the truncated answer as the answer, as chat mode does."""
@@ -128,6 +132,7 @@ def bash(command: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 async def test_mini_swe_agent_runs_bash_in_the_rollout_and_submits() -> None:
     def script(messages: list[dict], tools: list[dict] | None) -> dict[str, Any]:
         assert tools and tools[0]["function"]["name"] == "bash"

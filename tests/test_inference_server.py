@@ -365,6 +365,7 @@ async def test_malformed_json_and_openai_client_errors(
     ).choices
 
 
+@pytest.mark.slow
 async def test_weight_reload_over_http_keeps_a_streaming_request(
     server: tuple[str, Engine], http: httpx.AsyncClient, oa: openai.AsyncOpenAI, tmp_path: Path
 ) -> None:

@@ -115,6 +115,7 @@ def report(url: str, *args: str) -> tuple[int, str]:
     return result.exit_code, " ".join(result.output.split())
 
 
+@pytest.mark.slow
 def test_a_training_run_gets_every_curve_in_one_self_contained_file(
     url: str, tmp_path: Path
 ) -> None:

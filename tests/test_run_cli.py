@@ -66,6 +66,7 @@ def test_rlbus_run_stops_at_max_steps_and_resumes(tmp_path: Path) -> None:
     assert nothing.returncode == 1 and "nothing to resume" in nothing.stderr
 
 
+@pytest.mark.slow
 def test_roles_of_a_local_run_split_the_cores_between_inference_and_trainer() -> None:
     import os
     import subprocess

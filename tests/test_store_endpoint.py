@@ -134,6 +134,7 @@ def http(
         return exc.code, dict(exc.headers), exc.read()
 
 
+@pytest.mark.slow
 def test_another_process_queries_through_the_endpoint(store: Store, data_dir: Path) -> None:
     endpoint = store.serve()
     assert read_endpoint(data_dir) == (endpoint.url, endpoint.token)
@@ -176,6 +177,7 @@ def test_the_endpoint_serves_an_http_store_read_only(store: Store) -> None:
         open_store(url)
 
 
+@pytest.mark.slow
 def test_a_held_store_without_endpoint_says_what_to_do(store: Store, data_dir: Path) -> None:
     out = run_child(CHILD_OPENS, data_dir)
     pid = f"process {os.getpid()}"
@@ -183,6 +185,7 @@ def test_a_held_store_without_endpoint_says_what_to_do(store: Store, data_dir: P
     assert pid in out["False"] and "one writing process" in out["False"], out["False"]
 
 
+@pytest.mark.slow
 def test_the_endpoint_speaks_clickhouse_http(store: Store) -> None:
     endpoint = store.serve()
     with urllib.request.urlopen(f"{endpoint.url}/ping", timeout=10) as ping:
@@ -261,6 +264,7 @@ def test_an_endpoint_announced_by_a_dead_process_is_not_read(data_dir: Path) -> 
     assert read_endpoint(data_dir) == ("http://127.0.0.1:9", "token")
 
 
+@pytest.mark.slow
 def test_a_stale_endpoint_file_is_ignored(data_dir: Path) -> None:
     open_store(f"chdb://{data_dir}").close()
     (data_dir / ENDPOINT_FILE).write_text("http://127.0.0.1:9\n")
@@ -280,6 +284,7 @@ class Said(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+@pytest.mark.slow
 def test_chunked_bodies_other_paths_and_idle_clients(store: Store) -> None:
     endpoint = store.serve()
     host, port = endpoint.url.removeprefix("http://").split(":")
@@ -318,6 +323,7 @@ def test_chunked_bodies_other_paths_and_idle_clients(store: Store) -> None:
     silent.close()
 
 
+@pytest.mark.slow
 def test_readers_send_bound_values_in_the_body(
     store: Store, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,6 +11,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 from factories import make_event
 
 from rlbus.bus.store import open_store
@@ -22,6 +23,7 @@ LOGS = "SELECT name FROM system.tables WHERE database = 'system' AND engine NOT 
 """System log tables are MergeTree tables; the built-in system tables are System* engines."""
 
 
+@pytest.mark.slow
 def test_the_embedded_store_writes_no_system_logs(tmp_path: Path) -> None:
     url = f"chdb://{tmp_path / 'store'}"
     with open_store(url) as store:
@@ -80,6 +82,7 @@ def _engine_logs(tmp_path: Path, name: str, snippet: Path | None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_the_server_snippet_removes_or_ttls_every_system_log(tmp_path: Path) -> None:
     enabled = _engine_logs(tmp_path, "without", None)
     # The baseline is what a server's defaults do: the logs are there and written.

@@ -232,6 +232,7 @@ def test_every_kind_round_trips_field_for_field(store: Store) -> None:
         assert back == expected, kind.__name__
 
 
+@pytest.mark.slow
 def test_positions_and_ingest_time_are_stored(store: Store) -> None:
     events = [TokenRecord(rollout_id=f"ro-{i}") for i in range(3)]
     store.insert_events(events, [(2, 10), (2, 11), (3, 7)], "tokens:2:10-11,3:7")
@@ -254,6 +255,7 @@ def test_a_block_resent_with_its_token_is_stored_once(store: Store) -> None:
     assert store.query("SELECT count() FROM tokens").rows == [(100,)]
 
 
+@pytest.mark.slow
 def test_a_duplicate_event_in_another_block_disappears_under_final(store: Store) -> None:
     first = TokenRecord(rollout_id="ro-1", completion_ids=pack_tokens([1, 2]))
     redelivered = msgspec.structs.replace(first)
@@ -309,6 +311,7 @@ def test_bad_input_is_refused_with_the_reason(store: Store) -> None:
     assert store.insert_events([], [], "x") == 0
 
 
+@pytest.mark.slow
 def test_read_only_store_refuses_writes(tmp_path: Path) -> None:
     url = f"chdb://{tmp_path / 'data'}"
     with pytest.raises(StoreError, match="no store at"):

@@ -234,6 +234,7 @@ def test_views_compute_rewards_pass_rates_tokens_and_dead_letters(store: Store) 
         ("SELECT 1 # ;\n;SELECT 3 AS a$b ;", ["SELECT 1", "SELECT 3 AS a$b"]),
     ],
 )
+@pytest.mark.slow
 def test_scripts_split_on_semicolons_as_clickhouse_does(
     store: Store, script: str, statements: list[str]
 ) -> None:

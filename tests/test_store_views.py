@@ -60,6 +60,7 @@ def view_definitions(path: Path) -> dict[str, str]:
         return {name: definition for name, (definition, _, _) in view_state(store).items()}
 
 
+@pytest.mark.slow
 def test_a_store_migrated_before_views_moved_opens_and_its_views_read_as_a_fresh_stores(
     tmp_path: Path,
 ) -> None:
@@ -120,6 +121,7 @@ def test_migrate_again_applies_no_migration_and_re_applies_every_view(tmp_path: 
 
 
 @pytest.mark.parametrize("applied", ["before views moved", "as now"])
+@pytest.mark.slow
 def test_a_rewritten_migration_that_changes_again_is_refused(tmp_path: Path, applied: str) -> None:
     migrations = migrations_before_views() if applied == "before views moved" else load_migrations()
     old_store(tmp_path / "data", migrations)

@@ -201,6 +201,7 @@ async def test_interception_streams_as_the_engine_samples(
         recorded(intercepted, arrivals.text)
 
 
+@pytest.mark.slow
 async def test_a_stream_refused_upstream_gets_its_status_code() -> None:
     """The first piece is awaited before the response starts: an upstream that cannot answer
     is a status code the client raises on, not a stream that ends early."""

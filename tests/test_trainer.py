@@ -91,6 +91,7 @@ def test_lr_schedule() -> None:
     assert lr_factor(100, OptimConfig(), 10) == 1.0
 
 
+@pytest.mark.slow
 def test_sft_steps_learn_and_inference_logprobs_match(tiny: Path) -> None:
     torch.manual_seed(0)
     model = load_policy(tiny, LoraConfig())

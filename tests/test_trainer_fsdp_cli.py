@@ -41,6 +41,7 @@ def trainer(tmp: Path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=tmp, check=False)
 
 
+@pytest.mark.slow
 def test_ranks_without_fsdp_are_refused_before_anything_starts(tmp_path: Path) -> None:
     result = trainer(tmp_path, "--trainer.ranks", "2")
     assert result.returncode != 0
@@ -48,6 +49,7 @@ def test_ranks_without_fsdp_are_refused_before_anything_starts(tmp_path: Path) -
 
 
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has the GPUs")
+@pytest.mark.slow
 def test_more_nccl_ranks_than_gpus_say_so(tmp_path: Path) -> None:
     fsdp = ["--trainer.parallel", "fsdp", "--trainer.ranks", "2", "--trainer.device", "cuda"]
     result = trainer(tmp_path, *fsdp)

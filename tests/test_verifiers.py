@@ -150,6 +150,7 @@ def load(name: str, url: str, **args: Any) -> Environment:
         ("vf_word_tools", tool_user, {"n": 8}),
     ],
 )
+@pytest.mark.slow
 def test_stored_completions_score_the_same_in_verifiers_and_rlbus(
     name: str, script: Any, args: dict[str, Any]
 ) -> None:

@@ -70,6 +70,7 @@ def standalone(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, int, Path]]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+@pytest.mark.slow
 def test_rlbus_broker_stops_tansu_and_withdraws_its_announcement(
     standalone: tuple[subprocess.Popen, int, Path], sig: signal.Signals
 ) -> None:
@@ -80,6 +81,7 @@ def test_rlbus_broker_stops_tansu_and_withdraws_its_announcement(
     assert not (data / BROKER_FILE).exists()
 
 
+@pytest.mark.slow
 def test_killing_rlbus_broker_takes_tansu_with_it(
     standalone: tuple[subprocess.Popen, int, Path],
 ) -> None:
@@ -93,6 +95,7 @@ def test_killing_rlbus_broker_takes_tansu_with_it(
     assert announced_broker(stale) is None  # the file is left, but names a dead owner
 
 
+@pytest.mark.slow
 def test_rlbus_broker_says_when_tansu_dies(standalone: tuple[subprocess.Popen, int, Path]) -> None:
     process, tansu, data = standalone
     os.kill(tansu, signal.SIGKILL)
@@ -102,6 +105,7 @@ def test_rlbus_broker_says_when_tansu_dies(standalone: tuple[subprocess.Popen, i
     assert not (data / BROKER_FILE).exists()
 
 
+@pytest.mark.slow
 def test_commands_reuse_the_announced_broker(
     standalone: tuple[subprocess.Popen, int, Path],
 ) -> None:
@@ -123,6 +127,7 @@ async def publish(settings: Settings, *events: Event) -> None:
         await bus.publish_many(list(events))
 
 
+@pytest.mark.slow
 def test_roles_report_a_dead_broker_in_one_line_and_still_stop_promptly(tmp_path: Path) -> None:
     broker = EmbeddedBroker().start()
     settings = load_settings(
@@ -153,6 +158,7 @@ def test_roles_report_a_dead_broker_in_one_line_and_still_stop_promptly(tmp_path
         broker.stop()
 
 
+@pytest.mark.slow
 async def test_what_a_dead_broker_took_is_counted_exactly(tmp_path: Path) -> None:
     """Every process writes what the broker acknowledged to it; what the sink stored is in the
     store's kafka_offset columns: a dead embedded broker's loss is the difference, per topic."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from store_helpers import broker_settings, publish_json, sink_until
 
 from rlbus.bus import Bus, EmbeddedBroker
@@ -15,6 +16,7 @@ def task_json(i: int) -> bytes:
     return b'{"task_id": "t%d", "env": "reverse_text", "prompt": "olleh %d"}' % (i, i)
 
 
+@pytest.mark.slow
 async def test_tasks_sent_to_a_restarted_broker_are_all_stored(tmp_path: Path) -> None:
     """Two batches of different JSON tasks without ids, each to a fresh embedded broker (offsets
     from 0 again), into one store: all 80 are stored, under 80 ids. On main the second batch took
@@ -32,6 +34,7 @@ async def test_tasks_sent_to_a_restarted_broker_are_all_stored(tmp_path: Path) -
     assert landed == 80 and ids == (80, 80)
 
 
+@pytest.mark.slow
 async def test_the_same_task_sent_twice_is_one_event(tmp_path: Path) -> None:
     """A task without an id takes its natural key (run, env, task id): sent again, after other
     tasks this time, it collapses into the one stored task."""
@@ -45,6 +48,7 @@ async def test_the_same_task_sent_twice_is_one_event(tmp_path: Path) -> None:
     assert rows == (5, 5)
 
 
+@pytest.mark.slow
 async def test_dead_letters_across_a_broker_restart_keep_apart(tmp_path: Path) -> None:
     """Two different malformed messages at the same offset of two broker lifetimes are two dead
     letters, not one."""

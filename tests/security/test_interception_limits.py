@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 from rlbus.config.env import ModelConfig
 from rlbus.producers.interception import EvalBackend, InterceptionServer
@@ -96,6 +97,7 @@ def post_huge(url: str, size: int, chunked: bool) -> tuple[int, str, float]:
     return int(head.split()[1]), body.decode(errors="replace"), time.monotonic() - started
 
 
+@pytest.mark.slow
 def test_a_200_mib_request_is_refused_without_the_server_growing(upstream: ScriptedServer) -> None:
     with interception_process(upstream) as (proc, base_url):
         # A normal call first, so the server has done its usual allocations.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from security_agents import report, run_agent
 
 from rlbus.bus import EmbeddedBroker
@@ -41,6 +42,7 @@ print(json.dumps({"stolen": sorted(stolen), "posted": posted}))
 """
 
 
+@pytest.mark.slow
 async def test_siblings_cannot_read_each_others_urls_or_post_into_their_traces(
     tmp_path: Path, upstream: ScriptedServer
 ) -> None:

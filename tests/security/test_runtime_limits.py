@@ -34,6 +34,7 @@ print(json.dumps({"found_in": sorted(set(found_in)), "mine": sorted(os.environ)}
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.slow
 def test_the_program_cannot_read_the_parents_secrets(
     tmp_path: Path, upstream: ScriptedServer, runtime: dict
 ) -> None:
@@ -75,6 +76,7 @@ if os.environ["MODE"] == "outlive":
 
 @pytest.mark.parametrize("mode", ["outlive", "exit"])
 @pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.slow
 async def test_a_setsid_child_dies_with_its_program(
     tmp_path: Path, upstream: ScriptedServer, runtime: dict, mode: str
 ) -> None:
@@ -114,6 +116,7 @@ print(json.dumps({"held_mib": 100 * held}), flush=True)
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.slow
 async def test_memory_is_bounded_for_the_whole_process_tree(
     tmp_path: Path, upstream: ScriptedServer, runtime: dict
 ) -> None:

@@ -39,12 +39,14 @@ def rlbus(*args: str, env: dict[str, str]) -> str:
     return done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_rlbus_config_masks_passwords() -> None:
     out = rlbus("config", env=ENV)
     assert PASSWORD not in out and SASL not in out
     assert "https://analyst:**********@127.0.0.1:1/db" in out
 
 
+@pytest.mark.slow
 def test_store_errors_and_rlbus_sql_mask_the_password() -> None:
     out = rlbus("sql", "SELECT 1", env=ENV)  # nothing listens on port 1
     assert "failed" in out.lower() or "error" in out.lower(), out

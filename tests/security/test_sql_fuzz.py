@@ -155,6 +155,7 @@ def assert_harmless(t: Target, outputs: list[str], cwd: Path) -> None:
     assert not (cwd / "rlbus-fuzz-out.tsv").exists()
 
 
+@pytest.mark.slow
 def test_generated_hostile_queries_read_request_run_and_write_nothing(
     target: Target,
     tmp_path: Path,

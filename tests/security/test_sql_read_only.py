@@ -49,6 +49,7 @@ def test_chdb_opened_directly_is_read_only(target: Target) -> None:
         assert store.query("SELECT count() FROM tokens").rows == [(1,)]  # DROP never ran
 
 
+@pytest.mark.slow
 def test_rlbus_sql_refuses_and_names_the_function(target: Target) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "rlbus", "sql",
@@ -67,6 +68,7 @@ def holder(target: Target) -> Iterator[Store]:
         yield store
 
 
+@pytest.mark.slow
 def test_the_endpoint_needs_its_token_and_refuses_external_access(
     target: Target, holder: Store
 ) -> None:
@@ -90,6 +92,7 @@ def test_the_endpoint_needs_its_token_and_refuses_external_access(
     ]
 
 
+@pytest.mark.slow
 def test_readers_through_the_endpoint_and_as_a_server_are_read_only(
     target: Target, holder: Store
 ) -> None:
