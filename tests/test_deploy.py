@@ -1,6 +1,6 @@
 """The deploy files agree with the code: every command they run exists in the CLI, and every
 setting they pass is a valid rlbus setting. (No Docker engine or Kubernetes API here: the
-images are not built and nothing is applied; see README.)"""
+images are not built and nothing is applied; see docs/deploying.md.)"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Kafka clients other than rlbus's own against the embedded broker (README: Kafka clients):
+"""Kafka clients other than rlbus's own against the embedded broker (docs/kafka-clients.md):
 confluent-kafka and kcat publish JSON tasks that the sink stores and read rlbus's events back;
 Debian's kcat on its librdkafka 2.0.2 cannot connect at all."""
 

@@ -109,8 +109,8 @@ def test_rlbus_broker_says_when_tansu_dies(standalone: tuple[subprocess.Popen, i
 def test_commands_reuse_the_announced_broker(
     standalone: tuple[subprocess.Popen, int, Path],
 ) -> None:
-    """The README's recipe: `rlbus broker` running, then other commands. On main each started a
-    broker of its own, overwrote the announcement and deleted it on exit."""
+    """docs/commands.md's recipe: `rlbus broker` running, then other commands. On main each
+    started a broker of its own, overwrote the announcement and deleted it on exit."""
     process, tansu, data = standalone
     announced = (data / BROKER_FILE).read_text()
     quick = rlbus(["quickstart", "-n", "8"], data)
