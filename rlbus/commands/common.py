@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.util
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator
@@ -13,11 +14,28 @@ from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
+from rich.markup import escape
 
 from rlbus.bus.telemetry import setup_telemetry
 from rlbus.config import ConfigError, Settings, load_settings
 from rlbus.console import err_console
 from rlbus.discovery import require_bootstrap
+
+TRAIN_EXTRA = "pip install torch==2.13.0 && pip install 'rlbus[train]'"
+"""torch first: the pinned CPU build; a looser requirement resolved first pulls a CUDA one."""
+
+
+def require_train_extra(command: str) -> None:
+    """Exit with the install line when torch or transformers is missing: evaluating, data and
+    analytics commands run without them; training, serving and model commands do not."""
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        err_console.print(
+            f"[red]{command} needs {' and '.join(missing)}[/red] (the `train` extra): "
+            + escape(TRAIN_EXTRA)
+        )
+        raise typer.Exit(2)
+
 
 OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True}
 """Context settings for commands that take `--section.field VALUE` overrides."""

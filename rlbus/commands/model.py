@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from rlbus.commands.common import exits_on
+from rlbus.commands.common import exits_on, require_train_extra
 from rlbus.console import console
 from rlbus.consumers.inference.api import Arch, Size, TokenizerKind
 from rlbus.consumers.inference.model_import import Dtype, ImportSummary, ModelImportError
@@ -47,6 +47,7 @@ def init(
     seed: Annotated[int, typer.Option(help="Seed of the random initialisation.")] = 0,
 ) -> None:
     """Write a Hugging Face model directory (config.json, model.safetensors, tokenizer) to PATH."""
+    require_train_extra("rlbus model init")
     from transformers.utils import logging as hf_logging
 
     from rlbus.consumers.inference.model_init import init_model
@@ -96,6 +97,7 @@ def import_(
 
     Safetensors weights in one dtype (tied embeddings stored once), tokenizer, chat template,
     generation config; it loads with `from_pretrained(OUT)`, no gguf needed."""
+    require_train_extra("rlbus model import")
     from transformers.utils import logging as hf_logging
 
     from rlbus.consumers.inference.model_import import import_model

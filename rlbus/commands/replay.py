@@ -14,6 +14,7 @@ from rlbus.commands.common import (
     ConfigOption,
     ScorerVersionOption,
     exits_on,
+    require_train_extra,
     settings_from,
 )
 from rlbus.config.runs import ReplayConfig
@@ -46,6 +47,7 @@ def replay_sft(
     """SFT on stored rollouts: their exact token ids and loss masks from ClickHouse. Its batches,
     steps and weight versions go to the bus as a run's do (run id: --run-id, default
     replay-sft-TIME)."""
+    require_train_extra("rlbus replay sft")
     from rlbus.consumers.orchestrator.stored_samples import ReplayError
     from rlbus.launch.replay_sft import ReplayRunError, Selection, read_samples
     from rlbus.launch.replay_sft import replay_sft as replay

@@ -8,7 +8,14 @@ from typing import Annotated
 import typer
 
 from rlbus.bus.telemetry import setup_telemetry
-from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ResumeOption, exits_on, fail
+from rlbus.commands.common import (
+    OVERRIDES,
+    OVERRIDES_HELP,
+    ResumeOption,
+    exits_on,
+    fail,
+    require_train_extra,
+)
 from rlbus.config import ConfigError
 from rlbus.config.runs import load_run_config
 from rlbus.console import console
@@ -23,6 +30,7 @@ def run(ctx: typer.Context, config: ConfigArgument, resume: ResumeOption = False
     """Train: broker, store, inference, env producers, judges, orchestrator and trainer as local
     processes, with a live dashboard. Stops at max_steps (after the final evaluation) or on
     Ctrl-C."""
+    require_train_extra("rlbus run")
     from rlbus.consumers.trainer.checkpoint import CheckpointStore
 
     with exits_on(ConfigError):

@@ -17,6 +17,7 @@ from rlbus.commands.common import (
     ResumeOption,
     exits_on,
     fail,
+    require_train_extra,
     run_until_signal,
     settings_from,
     start_role,
@@ -160,6 +161,7 @@ def inference(
     """Serve a model (OpenAI chat completions, token-in/token-out generate, score) and load
     every WeightVersion of the run as it is published. With no broker configured or announced,
     it starts one for as long as it serves (a model server is often the first thing started)."""
+    require_train_extra("rlbus worker inference")
     from rlbus.consumers.inference.main import run as serve
 
     with local_broker(settings_from(ctx, config)) as (found, started):
@@ -190,6 +192,7 @@ def inference(
 def trainer(ctx: typer.Context, config: ConfigOption = None, resume: ResumeOption = False) -> None:
     """Trainer: consume `batches`, one optimizer step each; publish WeightVersion and TrainStep.
     Under torchrun (trainer.parallel = "fsdp") every rank runs this; rank 0 consumes."""
+    require_train_extra("rlbus worker trainer")
     from rlbus.consumers.trainer.checkpoint import NothingToResume
     from rlbus.consumers.trainer.main import trainer_role
     from rlbus.consumers.trainer.session import CheckpointExists
