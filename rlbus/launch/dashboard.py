@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -10,8 +11,8 @@ from rich.table import Table
 from rlbus.bus.store import Store, open_store
 
 LATEST_STEP = (
-    "SELECT step, loss, grad_norm, entropy, mismatch_kl, tokens_per_s, num_samples, "
-    "dropped_stale, staleness FROM train_steps FINAL WHERE run_id = {run:String} "
+    "SELECT step, loss, grad_norm, entropy, mismatch_kl, metrics['off_policy_kl'], tokens_per_s, "
+    "num_samples, dropped_stale, staleness FROM train_steps FINAL WHERE run_id = {run:String} "
     "ORDER BY step DESC LIMIT 1"
 )
 TRAIN_REWARD = (
@@ -59,13 +60,13 @@ def figures(store: Store, run_id: str) -> dict[str, str]:
     served = store.query(SERVED, p).rows
     out = {"store": "ok"}
     if step:
-        s, loss, gn, ent, kl, tps, n, dropped, staleness = step[0]
+        s, loss, gn, ent, kl, older_kl, tps, n, dropped, staleness = step[0]
         out |= {
             "step": str(s),
             "loss": f"{loss:.4f}",
             "grad norm": f"{gn:.3f}",
             "entropy": f"{ent:.3f}",
-            "mismatch KL": f"{kl:.2e}",
+            "mismatch KL": mismatch_kl(s, kl, older_kl),
             "trainer tokens/s": f"{tps:,.0f}",
             "samples/step": str(n),
             "staleness (versions behind: samples)": str(dict(staleness)),
@@ -78,6 +79,15 @@ def figures(store: Store, run_id: str) -> dict[str, str]:
     if evals:
         out["held-out pass rate"] = "  ".join(f"v{v}: {rate:.2f}" for v, rate, _ in evals[-6:])
     return out
+
+
+def mismatch_kl(step: int, kl: float, older_kl: float) -> str:
+    """The trainer's mismatch KL is measured on samples of the version it trains (step N trains
+    version N-1); an async step often has none (NaN in the store), and then the older samples'
+    divergence is what there is."""
+    if math.isnan(kl):
+        return f"no samples of v{step - 1} (older samples: {older_kl:.2e})"
+    return f"{kl:.2e}"
 
 
 FINAL_STEP = (
