@@ -10,13 +10,16 @@ import pytest
 import torch
 
 from rlbus.config.trainer import LoraConfig, OptimConfig, TrainerConfig
+from rlbus.consumers.inference.checkpoint_reader import CheckpointError
+from rlbus.consumers.inference.engine import Engine
 from rlbus.consumers.inference.model_init import init_model
+from rlbus.consumers.inference.weights import WeightFollower
 from rlbus.consumers.trainer.batching import collate, pack
-from rlbus.consumers.trainer.checkpoint import NothingToResume
+from rlbus.consumers.trainer.checkpoint import CheckpointStore, NothingToResume
 from rlbus.consumers.trainer.policy import full_weights, load_policy, token_logprobs
 from rlbus.consumers.trainer.session import CheckpointExists, open_session
 from rlbus.consumers.trainer.step import Trainer, lr_factor
-from rlbus.schemas import TrainSample, masks
+from rlbus.schemas import TrainSample, WeightVersion, masks
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 from rlbus.schemas.staleness import filter_stale
 
@@ -122,6 +125,47 @@ def test_lora_exports_merged_weights_under_base_names(tiny: Path) -> None:
     changed = [k for k in merged if not torch.equal(merged[k], base.state_dict()[k])]
     assert changed and all("proj" in k for k in changed)
     assert not any("lora" in n for n, _ in lora.named_parameters() if not _.requires_grad)
+
+
+async def test_lora_versions_carry_adapters_alone_and_serve_the_merged_weights(
+    tiny: Path, tmp_path: Path
+) -> None:
+    """With LoRA, a version's file holds the adapters' deltas (a fraction of the model); the
+    engine merges each onto the base it started from, so it serves exactly what the trainer's
+    merged weights are, version after version (never a delta stacked on the previous one)."""
+    lora = LoraConfig(enabled=True, rank=4, target_modules="q_proj,v_proj")
+    cfg = TrainerConfig(lora=lora, optim=OptimConfig(lr=1e-2), weights_dtype="float32")
+    s = open_session(cfg, str(tiny), f"file://{tmp_path}/ckpt", 10, resume=False)
+    assert s.checkpoints.weights_format == "safetensors-lora"
+    merged_store = CheckpointStore(f"file://{tmp_path}/merged")
+    full_bytes = merged_store.write_weights(0, full_weights(s.trainer.model)).bytes
+    async with Engine.from_pretrained(tiny) as engine:
+        params = dict(engine.model.named_parameters())
+        untouched = params["model.embed_tokens.weight"].detach().clone()
+        for version in (1, 2):
+            s.trainer.step([sample([5, 6, 7, 8, 9], 1, code=masks.SUPERVISED)])
+            written = s.checkpoints.write_weights(version, s.hooks.weights())
+            assert written.bytes < 0.2 * full_bytes
+            await engine.load_weights(written.uri, version)
+            expected = full_weights(s.trainer.model)
+            for name, tensor in expected.items():
+                assert torch.allclose(params[name], tensor, atol=1e-6), (version, name)
+        assert torch.equal(params["model.embed_tokens.weight"], untouched)
+        event = WeightVersion(
+            run_id="r", version=3, uri=written.uri, format=s.checkpoints.weights_format
+        )
+        served = await WeightFollower(engine, "w").on_weight_version(event)
+        assert served is not None and engine.policy_version == 3
+
+        q_proj = "model.layers.0.self_attn.q_proj"
+        wrong = {q_proj + ".lora_A": torch.zeros(4, 3), q_proj + ".lora_B": torch.zeros(4, 4)}
+        bad = CheckpointStore(f"file://{tmp_path}/bad", weights_kind="lora-delta")
+        with pytest.raises(CheckpointError, match="q_proj: lora_B .* does not make its weight"):
+            await engine.load_weights(bad.write_weights(4, wrong).uri, 4)
+        # Full weights served once, a delta has no base left to merge onto.
+        await engine.load_weights(merged_store.write_weights(5, expected).uri, 5)
+        with pytest.raises(CheckpointError, match="serves full weights of version 5"):
+            await engine.load_weights(s.checkpoints.write_weights(6, s.hooks.weights()).uri, 6)
 
 
 def test_checkpoint_resume_rules_and_round_trip(tiny: Path, tmp_path: Path) -> None:

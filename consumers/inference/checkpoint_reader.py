@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import posixpath
+from dataclasses import dataclass
 
 import fsspec
 import torch
 from safetensors.torch import load as load_safetensors_bytes
+
+from rlbus.schemas.weights_file import FORMATS, KIND_KEY, WeightsKind
 
 
 class CheckpointError(ValueError):
@@ -36,18 +39,56 @@ def checkpoint_files(uri: str) -> tuple[fsspec.AbstractFileSystem, list[str]]:
     return fs, files
 
 
-def read_checkpoint(uri: str) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint, on CPU."""
+@dataclass(frozen=True)
+class Checkpoint:
+    tensors: dict[str, torch.Tensor]
+    kind: WeightsKind
+    """Full weights or LoRA deltas over the base model (schemas/weights_file.py)."""
+
+
+def _kind(header: bytes) -> str:
+    """The kind a safetensors file's header names (8-byte little-endian length, then JSON with
+    `__metadata__`); files without rlbus's metadata, e.g. a Hugging Face model's, are full."""
+    length = int.from_bytes(header[:8], "little")
+    metadata = json.loads(header[8 : 8 + length]).get("__metadata__") or {}
+    return metadata.get(KIND_KEY, "full")
+
+
+def _one_kind(kinds: set[str], uri: str) -> WeightsKind:
+    known = [kind for kind in FORMATS if kinds == {kind}]
+    if not known:
+        raise CheckpointError(
+            f"checkpoint {uri} holds weights of kind {sorted(kinds)} ({KIND_KEY} metadata); "
+            f"one kind of {sorted(FORMATS)} is read"
+        )
+    return known[0]
+
+
+def weights_kind(uri: str) -> WeightsKind:
+    """What a checkpoint holds, from its files' headers alone."""
+    fs, files = checkpoint_files(uri)
+    kinds = set()
+    for file in files:
+        with fs.open(file, "rb") as f:
+            length = f.read(8)
+            kinds.add(_kind(length + f.read(int.from_bytes(length, "little"))))
+    return _one_kind(kinds, uri)
+
+
+def read_checkpoint(uri: str) -> Checkpoint:
+    """Every tensor of the checkpoint, on CPU, and what kind of weights they are."""
     fs, files = checkpoint_files(uri)
     tensors: dict[str, torch.Tensor] = {}
+    kinds: set[str] = set()
     for file in files:
         with fs.open(file, "rb") as f:
             raw = f.read()
         try:
             tensors.update(load_safetensors_bytes(raw))
+            kinds.add(_kind(raw))
         except Exception as exc:  # safetensors raises its own error types for corrupt headers
             raise CheckpointError(f"cannot parse {file} from {uri}: {exc}") from exc
-    return tensors
+    return Checkpoint(tensors, _one_kind(kinds, uri))
 
 
 def match_parameters(

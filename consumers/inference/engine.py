@@ -36,6 +36,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from rlbus.consumers.inference.adapters import AdapterMerger
 from rlbus.consumers.inference.api import (
     ContextLengthError,
     Delta,
@@ -190,6 +191,7 @@ class Engine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._swap_lock = asyncio.Lock()
+        self._adapters = AdapterMerger(model)
         self._counters = _Counters()
         # Owned by the engine thread from here on.
         self._waiting: deque[_Sequence] = deque()
@@ -351,7 +353,8 @@ class Engine:
         return await job.future
 
     async def load_weights(self, uri: str, version: int) -> float:
-        """Read a safetensors checkpoint (fsspec); serve it as `version` from the next step."""
+        """Read a safetensors checkpoint (fsspec): full weights, or LoRA deltas merged onto the
+        base weights; serve it as `version` from the next step."""
         if self._thread is None:
             raise RuntimeError("engine is not started")
         async with self._swap_lock:
@@ -363,7 +366,12 @@ class Engine:
             started = time.perf_counter()
 
             def prepare() -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
-                pairs = match_parameters(self.model, read_checkpoint(uri))
+                checkpoint = read_checkpoint(uri)
+                if checkpoint.kind == "lora-delta":
+                    pairs = self._adapters.pairs(checkpoint.tensors, version)
+                else:
+                    pairs = match_parameters(self.model, checkpoint.tensors)
+                    self._adapters.full_loaded(version)
                 return [(p, t.to(device=p.device, dtype=p.dtype)) for p, t in pairs]
 
             pairs = await asyncio.to_thread(prepare)

@@ -43,7 +43,7 @@ from rlbus.consumers.inference.api import (
     check_prompt,
     check_vocab,
 )
-from rlbus.consumers.inference.checkpoint_reader import checkpoint_files
+from rlbus.consumers.inference.checkpoint_reader import checkpoint_files, weights_kind
 
 # ---- pure translation (tested on CPU) ---------------------------------------------------------
 
@@ -342,6 +342,11 @@ class VLLMBackend:
                 raise RequestError(
                     f"weights version {version} is not newer than the served "
                     f"version {self._version}"
+                )
+            if await asyncio.to_thread(weights_kind, uri) == "lora-delta":
+                raise RequestError(
+                    f"weights version {version} at {uri} is LoRA deltas, which the vLLM backend "
+                    "does not merge: set trainer.lora.publish = 'merged'"
                 )
             loop = asyncio.get_running_loop()
             started = loop.time()

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from rlbus.consumers.inference.api import InferenceBackend
 from rlbus.consumers.inference.checkpoint_reader import CheckpointError
 from rlbus.schemas import WeightLoaded, WeightVersion, derived_id
+from rlbus.schemas.weights_file import FORMATS
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +56,10 @@ class WeightFollower:
 
     async def on_weight_version(self, event: WeightVersion) -> WeightLoaded | None:
         """Serve `event`'s weights from the next step; None when it is older than what is served."""
-        if event.format != "safetensors":
+        if event.format not in FORMATS.values():
             raise CheckpointError(
                 f"weights version {event.version} at {event.uri} is {event.format!r}; "
-                "only safetensors is read"
+                f"one of {sorted(FORMATS.values())} is read"
             )
         served = self.backend.policy_version
         if event.version < served:

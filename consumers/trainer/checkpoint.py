@@ -1,7 +1,8 @@
 """Trainer checkpoints and published weights, at any fsspec URL, written atomically.
 
-    <base>/weights/v000012.safetensors   what WeightVersion 12 points at (full, merged weights,
-                                         in trainer.weights_dtype; a tied head is left out)
+    <base>/weights/v000012.safetensors   what WeightVersion 12 points at, in trainer.weights_dtype:
+                                         full weights (LoRA merged, a tied head left out) or
+                                         LoRA deltas alone (schemas/weights_file.py)
     <base>/state/step-000012/state.pt    model + optimizer + scheduler (every checkpoint_every)
     <base>/state/step-000012/meta.json   step, version, ids of every batch trained so far
     <base>/latest.json                   {"step": 12, "state": "state/step-000012"}
@@ -21,6 +22,7 @@ import torch
 from safetensors.torch import save as safetensors_bytes
 
 from rlbus.bus.files import Folder
+from rlbus.schemas.weights_file import FORMATS, KIND_KEY, WeightsKind
 
 LATEST = "latest.json"
 
@@ -56,6 +58,7 @@ class CheckpointStore:
         keep_states: int = 2,
         keep_weights: int = 3,
         weights_dtype: torch.dtype | None = None,
+        weights_kind: WeightsKind = "full",
     ):
         self.folder = Folder(url)
         self.url = self.folder.url
@@ -63,6 +66,13 @@ class CheckpointStore:
         self.keep_weights = keep_weights
         self.weights_dtype = weights_dtype
         """Floating tensors are written in this dtype (None: as they are)."""
+        self.weights_kind: WeightsKind = weights_kind
+        """What the hooks hand `write_weights`: full weights or LoRA deltas."""
+
+    @property
+    def weights_format(self) -> str:
+        """`WeightVersion.format` of the files this store writes."""
+        return FORMATS[self.weights_kind]
 
     def weights_uri(self, version: int) -> str:
         return self.folder.uri(f"weights/v{version:06d}.safetensors")
@@ -86,7 +96,7 @@ class CheckpointStore:
                 k: t.to(self.weights_dtype) if t.is_floating_point() else t
                 for k, t in tensors.items()
             }
-        raw = safetensors_bytes(tensors)
+        raw = safetensors_bytes(tensors, metadata={KIND_KEY: self.weights_kind})
         self.folder.write(f"weights/v{version:06d}.safetensors", raw)
         self._prune("weights", self.keep_weights)
         return WrittenWeights(self.weights_uri(version), len(raw), time.perf_counter() - started)

@@ -38,7 +38,8 @@ class Hooks:
     """How state leaves the trainer: one process reads its own model; FSDP gathers first."""
 
     weights: Callable[[], dict]
-    """Full weights under the base model's names."""
+    """What a version publishes (CheckpointStore.weights_kind): full weights under the base
+    model's names, or LoRA deltas."""
     state: Callable[[], dict]
     """Everything a resume needs (model incl. adapters, optimizer, scheduler)."""
     num_params: int
@@ -87,6 +88,7 @@ class TrainerWorker:
             version=version,
             step=version,
             uri=self.checkpoints.weights_uri(version),
+            format=self.checkpoints.weights_format,
             num_params=self.hooks.num_params,
         )
 

@@ -10,6 +10,7 @@ from torch import nn
 
 from rlbus.config.trainer import LoraConfig
 from rlbus.consumers.trainer.batching import MicroBatch
+from rlbus.schemas.weights_file import LORA_A, LORA_B
 
 
 def load_policy(
@@ -93,6 +94,23 @@ def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
         )
     finally:
         model.unmerge_adapter()
+
+
+def adapter_deltas(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Each LoRA-adapted layer's A and scaled B under the base module's name
+    (schemas/weights_file.py): what travels on a version when only adapters are trained."""
+    if not _is_peft(model):
+        raise ValueError("the model has no LoRA adapters to publish (trainer.lora.enabled)")
+    out: dict[str, torch.Tensor] = {}
+    for name, module in model.get_base_model().named_modules():
+        lora_a = getattr(module, "lora_A", None)
+        if not isinstance(lora_a, nn.ModuleDict) or "default" not in lora_a:
+            continue
+        base = _base_name(name)
+        out[base + LORA_A] = lora_a["default"].weight.detach().cpu().clone().contiguous()
+        scale = module.scaling["default"]
+        out[base + LORA_B] = (module.lora_B["default"].weight.detach().cpu() * scale).contiguous()
+    return out
 
 
 def token_logprobs(model: nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:

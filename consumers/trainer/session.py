@@ -21,7 +21,13 @@ from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, NothingToResume, TrainerState
 from rlbus.consumers.trainer.distributed import TorchRanks
 from rlbus.consumers.trainer.loop import Hooks
-from rlbus.consumers.trainer.policy import full_weights, load_policy, tied_aliases, without
+from rlbus.consumers.trainer.policy import (
+    adapter_deltas,
+    full_weights,
+    load_policy,
+    tied_aliases,
+    without,
+)
 from rlbus.consumers.trainer.step import Trainer
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -52,8 +58,13 @@ def open_session(
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    adapters_only = cfg.lora.enabled and cfg.lora.publish == "adapter"
     checkpoints = CheckpointStore(
-        checkpoint_url, cfg.keep_checkpoints, cfg.keep_weights, WEIGHTS_DTYPES[cfg.weights_dtype]
+        checkpoint_url,
+        cfg.keep_checkpoints,
+        cfg.keep_weights,
+        WEIGHTS_DTYPES[cfg.weights_dtype],
+        "lora-delta" if adapters_only else "full",
     )
     if not resume and checkpoints.exists():
         raise CheckpointExists(
@@ -98,7 +109,7 @@ def open_session(
     def weights() -> dict[str, torch.Tensor]:
         if sharded:
             return without(aliases, get_model_state_dict(model, options=FULL))
-        return full_weights(model)
+        return adapter_deltas(model) if adapters_only else full_weights(model)
 
     return Session(
         trainer,

@@ -47,7 +47,11 @@ class OptimConfig(Section):
 
 class LoraConfig(Section):
     enabled: bool = False
-    """Train LoRA adapters (peft) instead of every weight; published weights are merged."""
+    """Train LoRA adapters (peft) instead of every weight."""
+    publish: Literal["adapter", "merged"] = "adapter"
+    """What a weight version carries: the adapters alone (a few MB; the built-in engine merges
+    them onto the base model it started from), or the full weights with the adapters merged
+    (what the vLLM backend loads)."""
     rank: int = Field(8, ge=1)
     """Rank of the adapters."""
     alpha: float = Field(16.0, gt=0)
