@@ -3,6 +3,7 @@ baseline measured in the same run, the weight update's share of a step, and peak
 
     python bench/real_model.py [--model DIR] [--batch 32] [--max-tokens 32]
         [--micro-batch-tokens 1024] [--device cpu|cuda] [--dtype float32|bfloat16] [--trials 1]
+        [--lora]
 
 Three parts, each in a subprocess of its own so that its peak RSS (ru_maxrss) is its own:
 
@@ -11,14 +12,16 @@ Three parts, each in a subprocess of its own so that its peak RSS (ru_maxrss) is
    advantages +-1) against a bare torch step on the same batch (the same micro-batches, forward,
    log-softmax, masked policy-gradient loss, backward, clip, AdamW) on the same model; trials
    alternate after one warm-up step of each (AdamW allocates its state there). Then the step's
-   weights are published as the trainer publishes them: `full_weights` + `CheckpointStore.
-   write_weights` (the file a WeightVersion points at).
+   weights are published as the trainer publishes them: `published_weights` (full weights, or
+   under `--lora` the adapters alone) + `CheckpointStore.write_weights` (the file a
+   WeightVersion points at).
 2. inference: `Engine.generate` (consumers/inference/engine.py, what the server runs) on the
    same `--batch` chat prompts, all submitted at once, against one left-padded
    `model.generate` call: temperature 1, no top-k/top-p, EOS ignored, `--max-tokens` each;
    alternating trials after a warm-up of each. Then `Engine.load_weights` of the trainer's file
-   and one request on the new version: write + load + first token is the weight update, and
-   `weight_update_share` = that / the trainer's step time.
+   and one request on the new version, twice (versions 1 and 2 of the same file): write + load
+   + first token of the second is the weight update of every version after a worker's first,
+   and `weight_update_share` = that / the trainer's step time; the first is printed too.
 
 Last line: RESULT engine_vs_generate=<engine tok/s / generate tok/s>
                   trainer_vs_bare=<trainer tok/s / bare step tok/s>
@@ -151,7 +154,7 @@ def trainer_part(args: argparse.Namespace) -> dict[str, Any]:
     from rlbus.config.trainer import TrainerConfig
     from rlbus.consumers.trainer.batching import micro_batches
     from rlbus.consumers.trainer.checkpoint import CheckpointStore
-    from rlbus.consumers.trainer.policy import full_weights, load_policy
+    from rlbus.consumers.trainer.policy import load_policy, published_kind, published_weights
     from rlbus.consumers.trainer.session import WEIGHTS_DTYPES
     from rlbus.consumers.trainer.step import Trainer
 
@@ -160,6 +163,7 @@ def trainer_part(args: argparse.Namespace) -> dict[str, Any]:
         micro_batch_tokens=args.micro_batch_tokens,
         device=args.device,
         optim={"lr": 1e-6},  # a pretrained model's learning rate; timing does not depend on it
+        lora={"enabled": args.lora},
     )
     # load_policy loads fp32; --dtype casts both sides' weights alike.
     model = load_policy(args.model, cfg.lora, device=args.device).to(getattr(torch, args.dtype))
@@ -188,9 +192,13 @@ def trainer_part(args: argparse.Namespace) -> dict[str, Any]:
     }
     started = time.perf_counter()
     try:
-        # As the trainer publishes: in trainer.weights_dtype (its default), a tied head once.
-        store = CheckpointStore(args.workdir, weights_dtype=WEIGHTS_DTYPES[cfg.weights_dtype])
-        written = store.write_weights(1, full_weights(model))
+        # As the trainer publishes: in trainer.weights_dtype (its default), a tied head once;
+        # under LoRA the adapters alone.
+        kind = published_kind(cfg.lora)
+        store = CheckpointStore(
+            args.workdir, weights_dtype=WEIGHTS_DTYPES[cfg.weights_dtype], weights_kind=kind
+        )
+        written = store.write_weights(1, published_weights(model, kind))
         out["write_s"] = time.perf_counter() - started
         out["weights_uri"], out["weights_mb"] = written.uri, written.bytes / 2**20
     except Exception as exc:  # reported as the reason weight_update_share is nan
@@ -233,10 +241,15 @@ async def inference_async(args: argparse.Namespace) -> dict[str, Any]:
             "mean_batch": engine.stats().mean_batch_size,
         }
         if args.weights:
-            started = time.perf_counter()
-            out["load_s"] = await engine.load_weights(args.weights, 1)
-            await first_token_on(engine, prompts[0], 1)
-            out["load_first_token_s"] = time.perf_counter() - started
+            # The first load of a worker also pays once for its weights' pages (mapped from
+            # the model file) and, under LoRA, for its copy of the base; each later version, as
+            # in a run, pays only the update itself.
+            for version in (1, 2):
+                started = time.perf_counter()
+                out["load_s"] = await engine.load_weights(args.weights, version)
+                await first_token_on(engine, prompts[0], version)
+                out["load_first_token_s"] = time.perf_counter() - started
+                out.setdefault("first_load_first_token_s", out["load_first_token_s"])
     return out | peak_memory(args.device)
 
 
@@ -309,7 +322,8 @@ def report(model: Path, args: argparse.Namespace, train: dict, infer: dict) -> N
             f"weight update: write {train['write_s']:.2f} s ({train['weights_mb']:.0f} MB) + "
             f"load {infer['load_s']:.2f} s + first token on it "
             f"{infer['load_first_token_s'] - infer['load_s']:.2f} s = {update:.2f} s; "
-            f"trainer step {train['trainer_s']:.2f} s"
+            f"trainer step {train['trainer_s']:.2f} s (a worker's first version: load + first "
+            f"token {infer['first_load_first_token_s']:.2f} s)"
         )
     if "mean_batch" in infer:
         console.print(f"engine mean decode batch: {infer['mean_batch']:.1f}")
@@ -329,6 +343,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--trials", type=int, default=1, help="timed trials after the warm-up")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
+    parser.add_argument(
+        "--lora", action="store_true", help="train LoRA adapters; versions carry them alone"
+    )
     parser.add_argument("--part", choices=["trainer", "inference"], help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     parser.add_argument("--weights", help=argparse.SUPPRESS)
@@ -354,6 +371,7 @@ def main() -> None:
         f"--dtype={args.dtype}",
         f"--trials={args.trials}",
         f"--threads={args.threads}",
+        *(["--lora"] if args.lora else []),
     ]
     with tempfile.TemporaryDirectory(prefix="rlbus-real-") as workdir:
         train = run_part("trainer", args, [f"--workdir={workdir}"])

@@ -19,11 +19,15 @@ class AdapterMerger:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.base: dict[str, torch.Tensor] = {}
+        self.merged: dict[str, torch.Tensor] = {}
+        """Per adapted weight, the buffer each version is merged into (the engine's swap lock
+        keeps one version in it at a time)."""
         self.full_loaded_version: int | None = None
 
     def full_loaded(self, version: int) -> None:
         self.full_loaded_version = version
         self.base.clear()
+        self.merged.clear()
 
     def pairs(
         self, tensors: dict[str, torch.Tensor], version: int
@@ -46,12 +50,18 @@ class AdapterMerger:
             key = module + ".weight"
             if key not in self.base:
                 self.base[key] = params[key].detach().clone()
+                self.merged[key] = torch.empty_like(self.base[key])
         out = []
         for key, base in self.base.items():
-            module, merged = key.removesuffix(".weight"), base
+            # Into a buffer kept across versions: the swap copies it into the parameter, and
+            # no version allocates the model's size again.
+            module, merged = key.removesuffix(".weight"), self.merged[key]
             if module in modules:
-                delta = tensors[module + LORA_B].float() @ tensors[module + LORA_A].float()
-                merged = (base.float() + delta.to(base.device)).to(base.dtype)
+                b = tensors[module + LORA_B].to(device=base.device, dtype=base.dtype)
+                a = tensors[module + LORA_A].to(device=base.device, dtype=base.dtype)
+                torch.addmm(base, b, a, out=merged)
+            else:
+                merged.copy_(base)
             out.append((params[key], merged))
         return out
 

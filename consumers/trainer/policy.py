@@ -10,7 +10,7 @@ from torch import nn
 
 from rlbus.config.trainer import LoraConfig
 from rlbus.consumers.trainer.batching import MicroBatch
-from rlbus.schemas.weights_file import LORA_A, LORA_B
+from rlbus.schemas.weights_file import LORA_A, LORA_B, WeightsKind
 
 
 def load_policy(
@@ -111,6 +111,16 @@ def adapter_deltas(model: nn.Module) -> dict[str, torch.Tensor]:
         scale = module.scaling["default"]
         out[base + LORA_B] = (module.lora_B["default"].weight.detach().cpu() * scale).contiguous()
     return out
+
+
+def published_kind(lora: LoraConfig) -> WeightsKind:
+    """What a weight version carries under these LoRA settings."""
+    return "lora-delta" if lora.enabled and lora.publish == "adapter" else "full"
+
+
+def published_weights(model: nn.Module, kind: WeightsKind) -> dict[str, torch.Tensor]:
+    """The tensors a version of `kind` publishes (one process; FSDP gathers its own)."""
+    return adapter_deltas(model) if kind == "lora-delta" else full_weights(model)
 
 
 def token_logprobs(model: nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,9 +22,9 @@ from rlbus.consumers.trainer.checkpoint import CheckpointStore, NothingToResume,
 from rlbus.consumers.trainer.distributed import TorchRanks
 from rlbus.consumers.trainer.loop import Hooks
 from rlbus.consumers.trainer.policy import (
-    adapter_deltas,
-    full_weights,
     load_policy,
+    published_kind,
+    published_weights,
     tied_aliases,
     without,
 )
@@ -58,13 +58,13 @@ def open_session(
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    adapters_only = cfg.lora.enabled and cfg.lora.publish == "adapter"
+    kind = published_kind(cfg.lora)
     checkpoints = CheckpointStore(
         checkpoint_url,
         cfg.keep_checkpoints,
         cfg.keep_weights,
         WEIGHTS_DTYPES[cfg.weights_dtype],
-        "lora-delta" if adapters_only else "full",
+        kind,
     )
     if not resume and checkpoints.exists():
         raise CheckpointExists(
@@ -109,7 +109,7 @@ def open_session(
     def weights() -> dict[str, torch.Tensor]:
         if sharded:
             return without(aliases, get_model_state_dict(model, options=FULL))
-        return adapter_deltas(model) if adapters_only else full_weights(model)
+        return published_weights(model, kind)
 
     return Session(
         trainer,
