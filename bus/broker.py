@@ -117,7 +117,7 @@ class EmbeddedBroker:
         except OSError as exc:
             raise BrokerError(f"cannot run Tansu ({cmd[0]}): {exc}") from exc
         finally:
-            if log is not subprocess.DEVNULL:
+            if not isinstance(log, int):
                 log.close()
         _wait_listening(self.host, self.port, self._proc, timeout_s)
         return self

@@ -20,7 +20,7 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
@@ -223,9 +223,9 @@ class BatchSubscriber(Subscriber[BatchHandler]):
         *,
         batch_rows: int = 1,
         batch_wait_s: float = 0.0,
-        **options: object,
+        **options: Any,
     ):
-        super().__init__(bus, topics, group, handler, **options)  # type: ignore[arg-type]
+        super().__init__(bus, topics, group, handler, **options)
         self.batch_rows = batch_rows
         self.batch_wait_s = batch_wait_s
 
@@ -311,9 +311,9 @@ class EventSubscriber(Subscriber[EventHandler]):
         handler: EventHandler,
         *,
         concurrency: int = 64,
-        **options: object,
+        **options: Any,
     ):
-        super().__init__(bus, topics, group, traced(handler), **options)  # type: ignore[arg-type]
+        super().__init__(bus, topics, group, traced(handler), **options)
         self.concurrency = concurrency
 
     async def _commit(self, offsets: Offsets) -> None:

@@ -189,6 +189,7 @@ class ChatClient:
         try:
             chunks = await self.client.chat.completions.create(
                 model=self.model,
+                # plain message dicts: openai's TypedDicts describe the same JSON
                 messages=messages,  # type: ignore[arg-type]
                 stream=True,
                 stream_options={"include_usage": True},

@@ -30,13 +30,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from transformers import PreTrainedTokenizerBase
 
 from rlbus.clients.openai_wire import tool_call
 from rlbus.schemas import Messages
 from rlbus.schemas.chat import text_of
+
+if TYPE_CHECKING:
+    import renderers
 
 Tools = list[dict[str, Any]] | None
 
@@ -105,7 +108,8 @@ class TemplateRenderer:
                 "name a `renderers` renderer instead"
             )
         self._tok = tokenizer
-        self._stop = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+        eos = tokenizer.eos_token_id
+        self._stop: list[int] = [eos] if isinstance(eos, int) else []
         end = self._end_of_turn()
         if end is not None and end not in self._stop:
             self._stop.append(end)
@@ -129,10 +133,11 @@ class TemplateRenderer:
         # does when tokenizing, but stable across transformers' return-type changes.
         text = self._tok.apply_chat_template(
             [{**m, "content": text_of(m.get("content"))} for m in messages],
-            tools=tools,
+            tools=None if tools is None else [*tools],
             tokenize=False,
             add_generation_prompt=generation_prompt,
         )
+        assert isinstance(text, str)  # tokenize=False renders text
         return self._tok.encode(text, add_special_tokens=False)
 
     def render(self, messages: Messages, *, tools: Tools = None) -> list[int]:
@@ -145,6 +150,7 @@ class TemplateRenderer:
         while ids and ids[-1] in self._stop:
             ids.pop()
         text = self._tok.decode(ids, skip_special_tokens=True)
+        assert isinstance(text, str)  # one sequence decodes to one string
         calls: list[dict[str, Any]] = []
 
         def take(match: re.Match[str]) -> str:
@@ -214,6 +220,15 @@ class TemplateRenderer:
         return ids + extended[len(probe) :]
 
 
+def _messages(messages: Messages) -> list[renderers.Message]:
+    # Chat messages are the OpenAI wire's JSON objects, which the package's TypedDict describes.
+    return cast("list[renderers.Message]", messages)
+
+
+def _tools(tools: Tools) -> list[renderers.ToolSpec] | None:
+    return cast("list[renderers.ToolSpec] | None", tools)
+
+
 class PackageRenderer:
     """A renderer from the `renderers` package (models it knows by name, or named explicitly)."""
 
@@ -222,21 +237,26 @@ class PackageRenderer:
 
         config = renderers.config_from_name(name) if name else None
         self.name = name or "auto"
-        self._r = renderers.create_renderer(tokenizer, config)
+        # config_from_name is typed as the base class of the union create_renderer takes.
+        self._r = renderers.create_renderer(tokenizer, cast("renderers.RendererConfig", config))
 
     @property
     def stop_token_ids(self) -> list[int]:
         return list(self._r.get_stop_token_ids())
 
     def render(self, messages: Messages, *, tools: Tools = None) -> list[int]:
-        return list(self._r.render_ids(messages, tools=tools, add_generation_prompt=True))
+        return list(
+            self._r.render_ids(_messages(messages), tools=_tools(tools), add_generation_prompt=True)
+        )
 
     def parse(
         self, completion_ids: list[int], *, tools: Tools = None, prompt_ids: list[int] | None = None
     ) -> dict[str, Any]:
         from renderers import ToolCallParseStatus
 
-        parsed = self._r.parse_response(list(completion_ids), tools=tools, prompt_ids=prompt_ids)
+        parsed = self._r.parse_response(
+            list(completion_ids), tools=_tools(tools), prompt_ids=prompt_ids
+        )
         calls = [
             _tool_call(
                 c.name or "",
@@ -265,7 +285,10 @@ class PackageRenderer:
         tools: Tools = None,
     ) -> list[int]:
         bridged = self._r.bridge_to_next_turn(
-            list(prev_prompt_ids), list(prev_completion_ids), new_messages, tools=tools
+            list(prev_prompt_ids),
+            list(prev_completion_ids),
+            _messages(new_messages),
+            tools=_tools(tools),
         )
         if bridged is None:
             # The package says the template would render history differently (e.g. Qwen3 drops

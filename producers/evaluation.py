@@ -75,8 +75,8 @@ class EvalPipeline:
         def finished(t: asyncio.Task[None]) -> None:
             running.discard(t)
             groups.release()
-            if not t.cancelled() and t.exception() is not None:
-                failures.append(t.exception())  # type: ignore[arg-type]
+            if not t.cancelled() and (failure := t.exception()) is not None:
+                failures.append(failure)
 
         for task in tasks:
             await groups.acquire()

@@ -54,7 +54,9 @@ def _to_arrow(column: Column, values: Sequence[Any]) -> pa.Array:
 
 
 def events_to_arrow(
-    events: Sequence[Event], partitions: Sequence[int], offsets: Sequence[int]
+    events: Sequence[Event],
+    partitions: Sequence[int] | np.ndarray,
+    offsets: Sequence[int] | np.ndarray,
 ) -> pa.Table:
     """One Arrow table for events of a single kind, with the Kafka partition and offset each
     came from (the store computes each row's digest as it inserts it)."""

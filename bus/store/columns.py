@@ -151,6 +151,7 @@ def _unconstrained(annotation: Any) -> Any:
         return _unconstrained(get_args(annotation)[0])
     origin, args = get_origin(annotation), get_args(annotation)
     if origin in (dict, list) and args:
+        # dict and list subscript to their generic alias at runtime
         return origin[tuple(_unconstrained(a) for a in args)]  # type: ignore[index]
     return annotation
 

@@ -9,6 +9,8 @@ other rows it happens to share a batch with.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
@@ -27,6 +29,11 @@ class GrowingLayer(DynamicLayer):
         super().__init__()
         self._room: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    def cached(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values held; a batch's layers hold them from its prefill on."""
+        assert self.keys is not None and self.values is not None, "layer read before its prefill"
+        return self.keys, self.values
+
     def replace(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Set the cached tensors outright (PaddedBatch's select and merge)."""
         self.keys, self.values = keys, values
@@ -38,11 +45,12 @@ class GrowingLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
             self.keys, self.values = key_states[..., :0, :], value_states[..., :0, :]
-        filled, new = self.keys.shape[-2], key_states.shape[-2]
+        keys, values = self.cached()
+        filled, new = keys.shape[-2], key_states.shape[-2]
         if self._room is None or filled + new > self._room[0].shape[-2]:
             capacity = max(64, 2 * (filled + new))
             grown = []
-            for old, incoming in ((self.keys, key_states), (self.values, value_states)):
+            for old, incoming in ((keys, key_states), (values, value_states)):
                 buffer = incoming.new_empty((*incoming.shape[:-2], capacity, incoming.shape[-1]))
                 buffer[..., :filled, :] = old
                 grown.append(buffer)
@@ -57,8 +65,13 @@ class GrowingLayer(DynamicLayer):
 
 def _new_cache(model: PreTrainedModel) -> DynamicCache:
     cache = DynamicCache(config=model.config)
-    cache.layers = [GrowingLayer() for _ in cache.layers]
+    cache.layers[:] = [GrowingLayer() for _ in cache.layers]
     return cache
+
+
+def _growing_layers(cache: DynamicCache) -> list[GrowingLayer]:
+    """A cache's layers, each a GrowingLayer: every cache here comes from _new_cache."""
+    return cast(list[GrowingLayer], cache.layers)
 
 
 def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
@@ -139,10 +152,10 @@ class PaddedBatch:
         first = int(mask.any(0).int().argmax()) if mask.numel() else 0
         self.mask = mask[:, first:]
         self.lengths = self.lengths.index_select(0, keep)
-        for layer in self.cache.layers:
+        for layer in _growing_layers(self.cache):
+            keys, values = layer.cached()
             layer.replace(
-                layer.keys.index_select(0, keep)[:, :, first:],
-                layer.values.index_select(0, keep)[:, :, first:],
+                keys.index_select(0, keep)[:, :, first:], values.index_select(0, keep)[:, :, first:]
             )
 
     def merge(self, other: PaddedBatch) -> None:
@@ -152,12 +165,13 @@ class PaddedBatch:
             [_left_pad(self.mask, width, 1), _left_pad(other.mask, width, 1)], dim=0
         )
         self.lengths = torch.cat([self.lengths, other.lengths])
-        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+        for mine, theirs in zip(
+            _growing_layers(self.cache), _growing_layers(other.cache), strict=True
+        ):
+            (my_keys, my_values), (their_keys, their_values) = mine.cached(), theirs.cached()
             mine.replace(
+                torch.cat([_left_pad(my_keys, width, 2), _left_pad(their_keys, width, 2)], dim=0),
                 torch.cat(
-                    [_left_pad(mine.keys, width, 2), _left_pad(theirs.keys, width, 2)], dim=0
-                ),
-                torch.cat(
-                    [_left_pad(mine.values, width, 2), _left_pad(theirs.values, width, 2)], dim=0
+                    [_left_pad(my_values, width, 2), _left_pad(their_values, width, 2)], dim=0
                 ),
             )

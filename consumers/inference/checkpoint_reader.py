@@ -55,7 +55,7 @@ def _kind(header: bytes) -> str:
 
 
 def _one_kind(kinds: set[str], uri: str) -> WeightsKind:
-    known = [kind for kind in FORMATS if kinds == {kind}]
+    known: list[WeightsKind] = [kind for kind in FORMATS if kinds == {kind}]
     if not known:
         raise CheckpointError(
             f"checkpoint {uri} holds weights of kind {sorted(kinds)} ({KIND_KEY} metadata); "
@@ -71,7 +71,10 @@ def weights_kind(uri: str) -> WeightsKind:
     for file in files:
         with fs.open(file, "rb") as f:
             length = f.read(8)
-            kinds.add(_kind(length + f.read(int.from_bytes(length, "little"))))
+            assert isinstance(length, bytes)  # opened "rb"
+            header = f.read(int.from_bytes(length, "little"))
+            assert isinstance(header, bytes)
+            kinds.add(_kind(length + header))
     return _one_kind(kinds, uri)
 
 
@@ -83,6 +86,7 @@ def read_checkpoint(uri: str) -> Checkpoint:
     for file in files:
         with fs.open(file, "rb") as f:
             raw = f.read()
+            assert isinstance(raw, bytes)  # opened "rb"
         try:
             tensors.update(load_safetensors_bytes(raw))
             kinds.add(_kind(raw))

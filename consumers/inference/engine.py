@@ -213,7 +213,8 @@ class Engine:
         max_batch_size: int = 256,
         seed: int = 0,
     ) -> Engine:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        # transformers' annotations take `to`'s first argument for self
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)  # pyright: ignore[reportArgumentType]
         tokenizer = AutoTokenizer.from_pretrained(path)
         return cls(
             model,
@@ -233,8 +234,8 @@ class Engine:
         ):
             if isinstance(source, int):
                 ids.add(source)
-            elif source:
-                ids.update(source)
+            elif isinstance(source, (list, tuple)):
+                ids.update(int(i) for i in source)
         return frozenset(ids)
 
     @property
@@ -305,7 +306,9 @@ class Engine:
         return seq
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        assert isinstance(text, str)  # one sequence of ids decodes to one string
+        return text
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams | None = None, *, text: bool = False

@@ -339,7 +339,7 @@ def _load(source: Source, dtype: Dtype) -> tuple[PreTrainedModel, PreTrainedToke
     # save_pretrained refuses a model that carries a GGUF quantization config; its weights are
     # already dequantized, so a model built from the bare config takes them as they are.
     if hasattr(config, "quantization_config"):
-        del config.quantization_config
+        delattr(config, "quantization_config")
     model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     model.load_state_dict(gguf_model.state_dict())
     return model, tokenizer

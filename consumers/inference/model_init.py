@@ -8,6 +8,7 @@ tokenizer is the local byte-level one. The directory loads with plain
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen3Config
@@ -38,7 +39,7 @@ CONTEXT_LENGTH = 2048
 
 def _config(arch: Arch, size: Size, vocab_size: int, pad_id: int, eos_id: int) -> PretrainedConfig:
     shape = _SHAPES[size]
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         max_position_embeddings=CONTEXT_LENGTH,
         pad_token_id=pad_id,
@@ -67,7 +68,9 @@ def init_model(
     if size not in _SHAPES:
         raise ValueError(f"unknown size {size!r}; choose one of {sorted(_SHAPES)}")
     tok = build_byte_tokenizer()
-    config = _config(arch, size, len(tok), tok.pad_token_id, tok.eos_token_id)
+    pad_id, eos_id = tok.pad_token_id, tok.eos_token_id
+    assert isinstance(pad_id, int) and isinstance(eos_id, int)  # the byte tokenizer names both
+    config = _config(arch, size, len(tok), pad_id, eos_id)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.pad_token_id = tok.pad_token_id

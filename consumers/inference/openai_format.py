@@ -29,7 +29,9 @@ class ChatRequest(wire.ChatRequest, kw_only=True):
     """A chat request as this server takes it: a model name, vLLM's extensions, and refusals
     of what it cannot honour."""
 
-    model: str
+    # kw_only: a required field may follow the parent's defaulted ones (pyright reads it as a
+    # dataclass, where it may not)
+    model: str  # pyright: ignore[reportGeneralTypeIssues]
     return_token_ids: bool = False
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
@@ -152,7 +154,7 @@ class ChatWriter:
         ids = self.req.return_token_ids
         if not text and logprobs is None and not ids:
             return None
-        extra = {"token_ids": item.token_ids} if ids else {}
+        extra: dict[str, Any] = {"token_ids": item.token_ids} if ids else {}
         return self.chunks.chunk({"content": text} if text else {}, logprobs=logprobs, **extra)
 
     def closing(
@@ -166,11 +168,13 @@ class ChatWriter:
         """The last choice chunk; with tools it holds the whole parsed message (no text deltas).
         It carries the versions that sampled, and the prompt's ids when token ids were asked for
         (the completion's came with the deltas)."""
+        extra: dict[str, Any] = version_fields([result])
+        if self.req.return_token_ids:
+            extra["prompt_token_ids"] = prompt_ids
         return self.chunks.chunk(
             wire.message_delta(message) if final_message else {},
             finish=wire.finish_reason(result.finish_reason, message),
-            **version_fields([result]),
-            **({"prompt_token_ids": prompt_ids} if self.req.return_token_ids else {}),
+            **extra,
         )
 
     def usage(self, prompt_tokens: int, result: GenerateResult) -> dict[str, Any]:

@@ -89,7 +89,7 @@ def sample(logits: torch.Tensor, rows: RowSettings, shared: torch.Generator) -> 
         candidates = logprobs
         if rows.any_top_p:
             candidates = logprobs.masked_fill(_top_p_mask(logprobs, rows.top_p), float("-inf"))
-        noise = _gumbel_noise(tuple(logprobs.shape), rows, shared, logprobs.device)
+        noise = _gumbel_noise((logprobs.shape[0], logprobs.shape[1]), rows, shared, logprobs.device)
         drawn = (candidates + noise).argmax(dim=-1)
         tokens = torch.where(rows.greedy, logprobs.argmax(dim=-1), drawn)
     chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)

@@ -225,8 +225,8 @@ class VLLMBackend:
 
     async def start(self) -> None:
         from transformers import AutoTokenizer
-        from vllm import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm import AsyncEngineArgs  # pyright: ignore[reportMissingImports]  # GPU extra
+        from vllm.v1.engine.async_llm import AsyncLLM  # pyright: ignore[reportMissingImports]  # GPU extra
 
         args = AsyncEngineArgs(
             model=self._path,
@@ -248,7 +248,7 @@ class VLLMBackend:
             self._engine = None
 
     def _params(self, prompt_ids: list[int], params: SamplingParams) -> Any:
-        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm import SamplingParams as VLLMSamplingParams  # pyright: ignore[reportMissingImports]  # GPU extra
 
         check_prompt(prompt_ids, self._vocab_size, self._max_context)
         check_vocab(params.stop_token_ids, self._vocab_size, "stop_token_ids")
@@ -312,7 +312,7 @@ class VLLMBackend:
     async def score(
         self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0
     ) -> ScoreResult:
-        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm import SamplingParams as VLLMSamplingParams  # pyright: ignore[reportMissingImports]  # GPU extra
 
         if temperature != 1.0:
             # vLLM's prompt log-probs are untempered, and rescaling them is not what vLLM computes.

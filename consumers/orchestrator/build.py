@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlbus.bus import Bus
 from rlbus.clients.inference import InferenceClient
@@ -15,6 +16,9 @@ from rlbus.consumers.orchestrator.loop import Orchestrator
 from rlbus.consumers.orchestrator.pacing import pacing_for
 from rlbus.consumers.orchestrator.task_draw import Source, TaskSource
 from rlbus.producers.environment import Environment, load_environment
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 NEEDS_TEACHER = {"opd", "self-distill"}
 
@@ -32,10 +36,13 @@ def build_orchestrator(bus: Bus, cfg: RunConfig, base_dir: Path) -> Orchestrator
     envs = load_envs(cfg, base_dir)
 
     @cache
-    def encode() -> object:
+    def tokenizer() -> PreTrainedTokenizerBase:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(cfg.model)
+
+    def encode(text: str) -> list[int]:
+        return tokenizer().encode(text, add_special_tokens=False)
 
     algorithms = {}
     for name, entry in cfg.envs.items():
@@ -48,9 +55,7 @@ def build_orchestrator(bus: Bus, cfg: RunConfig, base_dir: Path) -> Orchestrator
                     f"envs.{name}: algorithm {algo.name!r} needs algorithm.teacher_url"
                 )
             teacher = InferenceClient(url)
-        ctx = Context(
-            teacher=teacher, encode=lambda text: encode().encode(text, add_special_tokens=False)
-        )  # type: ignore[attr-defined]
+        ctx = Context(teacher=teacher, encode=encode)
         algorithms[name] = make_algorithm(algo, ctx)
     o = cfg.orchestrator
     tasks = TaskSource(

@@ -101,6 +101,7 @@ class Joiner:
 
     def _group(self, group_id: str, parts: list[_Parts]) -> Group:
         members, broken = [], 0
+        # a group is built only once each of its parts is scored
         for p in sorted(parts, key=lambda p: p.scored.sample_index):  # type: ignore[union-attr]
             assert p.rollout is not None and p.scored is not None
             samples = []

@@ -135,6 +135,7 @@ class Orchestrator:
                 self.served = max(self.served, event.version)
             elif isinstance(event, TraceNode) and event.branch_id == JUDGE_BRANCH:
                 continue  # an LLM judge's call behind a score: not the policy's to train on
+            # the kinds left on these topics are a rollout's parts, each naming its rollout
             elif self.holds.hold(event.rollout_id, d):  # type: ignore[attr-defined]
                 self.joiner.add(event)
         for group in self.joiner.ready():
@@ -302,7 +303,8 @@ async def run_orchestrator(
 
     watcher = asyncio.create_task(watch())
     try:
-        orchestrator.resume(await read_back(bus, "batches", orchestrator.run_id))  # type: ignore[arg-type]
+        published = await read_back(bus, "batches", orchestrator.run_id)
+        orchestrator.resume([e for e in published if isinstance(e, TrainBatch)])
         group = group_of(GROUP, orchestrator.run_id)
         consume = bus.subscriber(*TOPICS, group=group, batch=True, run=orchestrator.run_id)
         consume = consume(orchestrator.handle)

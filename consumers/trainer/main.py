@@ -19,7 +19,7 @@ import signal
 from collections.abc import Iterator
 
 import torch
-import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessContext, start_processes
 
 from rlbus.bus import Bus, free_port
 from rlbus.config.runs import RunConfig
@@ -129,7 +129,7 @@ def _ranks(cfg: RunConfig, resume: bool) -> Iterator[None]:
     import torch.distributed as dist
 
     world = cfg.trainer.ranks
-    started = None
+    started: ProcessContext | None = None
     if "RANK" in os.environ:
         torchrun = int(os.environ.get("WORLD_SIZE", "1"))
         if world not in (1, torchrun):
@@ -143,7 +143,7 @@ def _ranks(cfg: RunConfig, resume: bool) -> Iterator[None]:
         port = free_port()
         _join(cfg, 0, world, port)
         if world > 1:
-            started = mp.start_processes(
+            started = start_processes(
                 _follower,
                 args=(cfg, resume, world, port),
                 nprocs=world - 1,

@@ -4,6 +4,7 @@ forward pass the losses need (per-token log-probs of the given ids, tempered, pl
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeGuard, cast
 
 import torch
 from torch import nn
@@ -12,13 +13,18 @@ from rlbus.config.trainer import LoraConfig
 from rlbus.consumers.trainer.batching import MicroBatch
 from rlbus.schemas.weights_file import LORA_A, LORA_B, WeightsKind
 
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+
 
 def load_policy(
     path: str | Path, lora: LoraConfig, device: str = "cpu", gradient_checkpointing: bool = False
 ) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+    # transformers' annotations take `to`'s first argument for self
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)  # pyright: ignore[reportArgumentType]
     if gradient_checkpointing:
         # Non-reentrant: gives the same gradients, and works when the inputs need no grad (LoRA).
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -35,7 +41,8 @@ def load_policy(
             model,
             PeftLora(
                 r=lora.rank,
-                lora_alpha=lora.alpha,
+                # peft annotates an int, and scales by any number (alpha / rank)
+                lora_alpha=lora.alpha,  # pyright: ignore[reportArgumentType]
                 lora_dropout=lora.dropout,
                 target_modules=targets,
                 task_type="CAUSAL_LM",
@@ -45,7 +52,7 @@ def load_policy(
     return model
 
 
-def _is_peft(model: nn.Module) -> bool:
+def _is_peft(model: nn.Module) -> TypeGuard[PeftModel]:
     """Without importing peft, which only LoRA runs need installed."""
     return type(model).__module__.startswith("peft.")
 
@@ -102,14 +109,16 @@ def adapter_deltas(model: nn.Module) -> dict[str, torch.Tensor]:
     if not _is_peft(model):
         raise ValueError("the model has no LoRA adapters to publish (trainer.lora.enabled)")
     out: dict[str, torch.Tensor] = {}
+    from peft.tuners.lora import LoraLayer
+
     for name, module in model.get_base_model().named_modules():
-        lora_a = getattr(module, "lora_A", None)
-        if not isinstance(lora_a, nn.ModuleDict) or "default" not in lora_a:
+        if not isinstance(module, LoraLayer) or "default" not in module.lora_A:
             continue
         base = _base_name(name)
-        out[base + LORA_A] = lora_a["default"].weight.detach().cpu().clone().contiguous()
-        scale = module.scaling["default"]
-        out[base + LORA_B] = (module.lora_B["default"].weight.detach().cpu() * scale).contiguous()
+        a, b = module.lora_A["default"].weight, module.lora_B["default"].weight
+        assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+        out[base + LORA_A] = a.detach().cpu().clone().contiguous()
+        out[base + LORA_B] = (b.detach().cpu() * module.scaling["default"]).contiguous()
     return out
 
 
@@ -143,6 +152,8 @@ def save_model(model: nn.Module, out: str | Path, source: str | Path) -> None:
     """A plain Hugging Face directory (LoRA merged) with the source model's tokenizer."""
     from transformers import AutoTokenizer
 
-    plain = model.merge_and_unload() if _is_peft(model) else model
+    # peft forwards merge_and_unload to its tuner (its annotations do not show it): either way
+    # what is saved is a transformers model
+    plain = cast("PreTrainedModel", model.merge_and_unload() if _is_peft(model) else model)
     plain.save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(source).save_pretrained(out)

@@ -8,6 +8,7 @@ names as keys), so a checkpoint written by one process resumes under FSDP and ba
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch.distributed.checkpoint.state_dict import (
@@ -108,7 +109,9 @@ def open_session(
 
     def weights() -> dict[str, torch.Tensor]:
         if sharded:
-            return without(aliases, get_model_state_dict(model, options=FULL))
+            # a full state dict holds plain tensors (no ShardedTensor or DTensor shards)
+            state = cast("dict[str, torch.Tensor]", get_model_state_dict(model, options=FULL))
+            return without(aliases, state)
         return published_weights(model, kind)
 
     return Session(

@@ -12,9 +12,11 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from rlbus.config.trainer import OptimConfig, TrainerConfig
 from rlbus.consumers.trainer.batching import MicroBatch, micro_batches
@@ -83,12 +85,11 @@ class Trainer:
         self, mb: MicroBatch, version: int | None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Summed loss and metric sums of one micro-batch."""
-        mb_dev = MicroBatch(
-            **{
-                k: (v.to(self.device) if isinstance(v, torch.Tensor) else v)
-                for k, v in vars(mb).items()
-            }
-        )
+        fields: dict[str, Any] = {
+            k: (v.to(self.device) if isinstance(v, torch.Tensor) else v)
+            for k, v in vars(mb).items()
+        }
+        mb_dev = MicroBatch(**fields)
         logprobs, entropy = token_logprobs(self.model, mb_dev)
         policy = mb_dev.loss_mask == masks.POLICY
         supervised = mb_dev.loss_mask == masks.SUPERVISED
@@ -158,12 +159,13 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in self.model.parameters() if p.requires_grad], self.cfg.optim.max_grad_norm
         )
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        if isinstance(grad_norm, DTensor):  # FSDP: the global norm, from every rank's shard
+            grad_norm = grad_norm.full_tensor()
         if not (math.isfinite(totals.get("loss", 0.0)) and math.isfinite(float(grad_norm))):
             # Every rank sees the same reduced loss and global norm, so all skip together.
             self.optimizer.zero_grad(set_to_none=True)
             return self._skip("non-finite loss or gradient", samples, started)
-        lr = self.scheduler.get_last_lr()[0]
+        lr = float(self.scheduler.get_last_lr()[0])
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -190,7 +192,7 @@ class Trainer:
     def _skip(self, reason: str, samples: Sequence[TrainSample], started: float) -> StepResult:
         """A step that leaves the weights as they are: the LR schedule still advances, since
         the version does."""
-        lr = self.scheduler.get_last_lr()[0]
+        lr = float(self.scheduler.get_last_lr()[0])
         self.scheduler.step()
         return StepResult(
             loss=math.nan,

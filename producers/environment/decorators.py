@@ -25,7 +25,7 @@ class Tag:
     name: str | None = None
 
 
-def _tagger(kind: Kind, fn: F | None, weight: float, name: str | None) -> Any:
+def _tagger(kind: Kind, fn: Callable[..., Any] | None, weight: float, name: str | None) -> Any:
     def mark(f: F) -> F:
         setattr(f, TAG, Tag(kind, weight, name))
         return f
@@ -37,7 +37,9 @@ def _tagger(kind: Kind, fn: F | None, weight: float, name: str | None) -> Any:
 def reward(fn: F) -> F: ...
 @overload
 def reward(*, weight: float = 1.0, name: str | None = None) -> Callable[[F], F]: ...
-def reward(fn: F | None = None, *, weight: float = 1.0, name: str | None = None) -> Any:
+def reward(
+    fn: Callable[..., Any] | None = None, *, weight: float = 1.0, name: str | None = None
+) -> Any:
     """A per-rollout reward; the rollout's reward is the weighted sum of all rewards."""
     return _tagger("reward", fn, weight, name)
 
@@ -46,7 +48,7 @@ def reward(fn: F | None = None, *, weight: float = 1.0, name: str | None = None)
 def metric(fn: F) -> F: ...
 @overload
 def metric(*, name: str | None = None) -> Callable[[F], F]: ...
-def metric(fn: F | None = None, *, name: str | None = None) -> Any:
+def metric(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
     """A per-rollout number that is recorded but adds nothing to the reward."""
     return _tagger("metric", fn, 0.0, name)
 
@@ -55,7 +57,9 @@ def metric(fn: F | None = None, *, name: str | None = None) -> Any:
 def group_reward(fn: F) -> F: ...
 @overload
 def group_reward(*, weight: float = 1.0, name: str | None = None) -> Callable[[F], F]: ...
-def group_reward(fn: F | None = None, *, weight: float = 1.0, name: str | None = None) -> Any:
+def group_reward(
+    fn: Callable[..., Any] | None = None, *, weight: float = 1.0, name: str | None = None
+) -> Any:
     """Sees the whole group (once it is complete) and returns one score per rollout, in sample
     order."""
     return _tagger("group_reward", fn, weight, name)
@@ -65,7 +69,7 @@ def group_reward(fn: F | None = None, *, weight: float = 1.0, name: str | None =
 def tool(fn: F) -> F: ...
 @overload
 def tool(*, name: str | None = None) -> Callable[[F], F]: ...
-def tool(fn: F | None = None, *, name: str | None = None) -> Any:
+def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
     """A function the model may call in the `tools` harness; its docstring and typed parameters
     become the OpenAI function schema (injected parameters such as `state` are left out)."""
     return _tagger("tool", fn, 0.0, name)

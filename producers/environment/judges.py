@@ -358,7 +358,10 @@ def scoring_trace(scored: RolloutScored, calls: list[JudgeCall]) -> list[TraceNo
     nodes: list[TraceNode] = []
     for number, call in enumerate(calls):
         answer = call.answer
-        said = {"role": "assistant", "content": text_of(answer.message.get("content"))}
+        said: dict[str, object] = {
+            "role": "assistant",
+            "content": text_of(answer.message.get("content")),
+        }
         said[JUDGE_BRANCH] = {
             "name": call.judge,
             "model": answer.model,

@@ -15,9 +15,9 @@ import inspect
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind
@@ -291,7 +291,7 @@ class Scorer:
         """Close what its rules hold open (an LLM judge's HTTP sessions)."""
         for rule in (*self.rules.rewards, *self.rules.metrics, *self.rules.group_rewards):
             if callable(close := getattr(rule.fn, "aclose", None)):
-                await close()
+                await cast("Callable[[], Awaitable[None]]", close)()
 
     def _event(self, card: _Card) -> RolloutScored:
         r = card.rollout

@@ -21,9 +21,10 @@ class TaskSet:
 
     name: ClassVar[str] = ""
     """Environment id; unset: the class name in snake_case."""
-    defaults: ClassVar[dict[str, Any]] = {}
+    defaults: dict[str, Any] = {}
     """EnvConfig fields this task set wants by default (harness, group_size, ...); TOML and CLI
-    win."""
+    win. Set on the class; an adapter that learns them on load (verifiers) sets them on the
+    instance."""
     system_prompt: ClassVar[str | None] = None
     """Prepended to every task's prompt that has no system message."""
 

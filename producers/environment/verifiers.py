@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlbus.config import ConfigError
+from rlbus.producers.environment.decorators import Kind
 from rlbus.producers.environment.rules import Rule, Rules
 from rlbus.producers.environment.taskset import TaskSet
 from rlbus.schemas import RolloutCompleted, TaskPublished, derived_id
@@ -156,8 +157,9 @@ class States:
         task = vf.flatten_task_input(json.loads(json.dumps(row)))
         state = vf.State(input=task)
         state["task"] = task
+        # verifiers types its messages; plain dicts are what it normalizes them from
         state["prompt"] = normalize_messages(prompt, field_name="prompt")
-        messages = normalize_messages(completion, field_name="completion")
+        messages = normalize_messages(completion, field_name="completion")  # pyright: ignore[reportArgumentType]
         state["completion"] = messages
         history = list(state["prompt"])
         trajectory = []
@@ -251,9 +253,9 @@ class _Function:
         except Exception as exc:
             return self._failed(exc, given)
 
-    def rule(self, name: str, weight: float, kind: str) -> Rule:
+    def rule(self, name: str, weight: float, kind: Kind) -> Rule:
         call = self.coroutine if inspect.iscoroutinefunction(self.func) else self.sync
-        return Rule(name, kind, weight, call, (), (), True)  # type: ignore[arg-type]
+        return Rule(name, kind, weight, call, (), (), True)
 
 
 def reward_rules(rubric: Any, states: States) -> Rules:
@@ -271,7 +273,7 @@ def reward_rules(rubric: Any, states: States) -> Rules:
         base = getattr(func, "__name__", type(func).__name__)
         seen[base] = seen.get(base, 0) + 1
         name = base if seen[base] == 1 else f"{base}_{seen[base]}"
-        kind = "group_reward" if group else "metric" if i > last_weighted else "reward"
+        kind: Kind = "group_reward" if group else "metric" if i > last_weighted else "reward"
         rule = _Function(owner, func, states, group).rule(name, weight, kind)
         {"reward": rules.rewards, "metric": rules.metrics, "group_reward": rules.group_rewards}[
             kind

@@ -39,6 +39,7 @@ def python_tool(rule: Rule) -> tuple[dict[str, Any], Call]:
         )
         for p in rule.own
     }
+    # fields built at runtime: pydantic's overloads expect them spelled out
     model = pydantic.create_model(f"{rule.name}_arguments", **fields)  # type: ignore[call-overload]
     doc = inspect.getdoc(rule.fn) or ""
     schema = {

@@ -49,6 +49,7 @@ class ModelUser:
             for m in messages
             if m.get("role") in _SWAP and text_of(m.get("content"))
         ]
+        # plain message dicts: openai's TypedDicts describe the same JSON
         response = await self.client.chat.completions.create(model=self.config.name, messages=seen)  # type: ignore[arg-type]
         text = (response.choices[0].message.content or "").strip()
         return None if not text or text == self.config.done else text

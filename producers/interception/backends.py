@@ -16,7 +16,7 @@ of the whole completion tells apart.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
@@ -82,7 +82,9 @@ class EvalBackend:
             raise UpstreamError(f"upstream {exc}", exc.status) from exc
         return self._result(answer)
 
-    async def stream(self, call: ModelCall, prior: Prior | None) -> AsyncIterator[str | CallResult]:
+    async def stream(
+        self, call: ModelCall, prior: Prior | None
+    ) -> AsyncGenerator[str | CallResult]:
         try:
             async for piece in self.chat.stream(call.messages, **self._sampling(call)):
                 yield piece if isinstance(piece, str) else self._result(piece)
@@ -150,7 +152,9 @@ class TokenBackend:
             raise UpstreamError(str(exc), exc.status) from exc
         return self._result(call, prompt_ids, out)
 
-    async def stream(self, call: ModelCall, prior: Prior | None) -> AsyncIterator[str | CallResult]:
+    async def stream(
+        self, call: ModelCall, prior: Prior | None
+    ) -> AsyncGenerator[str | CallResult]:
         prompt_ids, sampling = self._request(call, prior)
         out: GenerateResult | None = None
         try:

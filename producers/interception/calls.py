@@ -3,7 +3,7 @@ and the backend contract that answers it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -76,7 +76,7 @@ class Backend(Protocol):
     model: str
 
     async def complete(self, call: ModelCall, prior: Prior | None) -> CallResult: ...
-    def stream(self, call: ModelCall, prior: Prior | None) -> AsyncIterator[str | CallResult]:
+    def stream(self, call: ModelCall, prior: Prior | None) -> AsyncGenerator[str | CallResult]:
         """The message's text in pieces as it is sampled, then the whole CallResult."""
         ...
 

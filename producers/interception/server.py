@@ -23,7 +23,7 @@ import contextlib
 import secrets
 import socket
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import aclosing
 from typing import Any
 
@@ -100,7 +100,7 @@ class RolloutSession:
 
     async def stream(
         self, call: ModelCall, provider: str = "rlbus", *, pieces: bool = True
-    ) -> AsyncIterator[str | CallResult]:
+    ) -> AsyncGenerator[str | CallResult]:
         """The call's text in pieces as the backend samples it (with `pieces`), then its result,
         recorded in the trace before it is handed out. A call given up half way (the client
         went away) leaves the trace as it was."""
@@ -240,8 +240,11 @@ class InterceptionServer:
         connections: list[asyncio.Protocol] = []
 
         def connection() -> asyncio.Protocol:
-            protocol = config.http_protocol_class(  # type: ignore[call-arg]
-                config=config, server_state=state, app_state={BOUND: token}
+            # uvicorn types the class as a bare asyncio.Protocol; its HTTP protocols take these
+            protocol = config.http_protocol_class(
+                config=config,  # pyright: ignore[reportCallIssue]
+                server_state=state,  # pyright: ignore[reportCallIssue]
+                app_state={BOUND: token},  # pyright: ignore[reportCallIssue]
             )
             connections.append(protocol)
             return protocol
@@ -253,6 +256,7 @@ class InterceptionServer:
             server.close()
             for protocol in connections:
                 if protocol in state.connections:  # still open
+                    # uvicorn's HTTP protocols have shutdown(); its annotations say asyncio.Protocol
                     protocol.shutdown()  # type: ignore[attr-defined]
 
     def _refusal(self, request: Request, wire: WireFormat | None) -> Response | None:
@@ -356,7 +360,7 @@ class InterceptionServer:
         except Exception as exc:
             return _json(wire.error(500, f"{type(exc).__name__}: {exc}"), 500)
 
-        async def pieces() -> AsyncIterator[str | CallResult]:
+        async def pieces() -> AsyncGenerator[str | CallResult]:
             async with aclosing(items):
                 yield first
                 async for item in items:

@@ -56,7 +56,8 @@ class RolloutEndpoint(Protocol):
 
 
 class Sandbox(Protocol):
-    workdir: Path
+    @property
+    def workdir(self) -> Path: ...
 
     async def run(
         self,

@@ -123,7 +123,10 @@ def _python(spec: str) -> Iterator[dict[str, Any] | TaskPublished]:
     if not hasattr(module, name):
         raise TaskSourceError(f"{target} has no {name!r} (give FILE.py:NAME or module:NAME)")
     obj = getattr(module, name)
-    yield from obj() if callable(obj) else obj
+    rows = obj() if callable(obj) else obj
+    if not isinstance(rows, Iterable):
+        raise TaskSourceError(f"{target}:{name} is a {type(rows).__name__}, not rows of tasks")
+    yield from rows
 
 
 REASONING_GYM = "reasoning-gym:"

@@ -85,13 +85,13 @@ def exits_on(*errors: type[BaseException], code: int = 2) -> Iterator[None]:
         raise fail(exc, code) from exc
 
 
-def settings_from(ctx: typer.Context, config: Path | None, model: type[S] = Settings) -> S:  # type: ignore[assignment]
+def settings_from(ctx: typer.Context, config: Path | None, model: type[S] = Settings) -> S:
     """Load settings or exit with the offending fields named; telemetry is set up from them
     (service `rlbus.COMMAND`, e.g. rlbus.eval, rlbus.tasks.publish, rlbus.env for a worker)."""
     with exits_on(ConfigError):
         settings = load_settings(config, list(ctx.args), model=model)
     setup_telemetry(settings.telemetry, command_name(ctx))
-    return settings  # type: ignore[return-value]
+    return settings
 
 
 def command_name(ctx: typer.Context) -> str:

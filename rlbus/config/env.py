@@ -16,11 +16,11 @@ from rlbus.config.base import Section
 class SamplingConfig(Section):
     """Set fields override what the harness asks for, so the run controls sampling."""
 
-    temperature: float | None = Field(None, ge=0)
+    temperature: float | None = Field(default=None, ge=0)
     """Sampling temperature for every model call; unset: the harness's value."""
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(default=None, gt=0, le=1)
     """Nucleus sampling mass; unset: the harness's value."""
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
     """Most tokens per model call; unset: the harness's value."""
     stop: list[str] | None = None
     """Stop strings for every model call; unset: the harness's value."""
@@ -44,7 +44,7 @@ class ModelConfig(Section):
     """Train mode: model directory or hub id whose tokenizer and chat template render prompts."""
     renderer: str | None = None
     """Train mode: a `renderers` renderer name, "template", or unset to choose by model."""
-    timeout_s: float = Field(600, gt=0)
+    timeout_s: float = Field(default=600, gt=0)
     """Timeout of one upstream call."""
 
 
@@ -77,7 +77,7 @@ class HarnessConfig(Section):
     """single: one chat turn; tools: tool-calling loop; command: run a program against the
     rollout's URL; llm, openai-agents, mini-swe-agent: that agent (installed from PyPI) as a
     command, with a state directory per rollout."""
-    max_turns: int = Field(10, ge=1)
+    max_turns: int = Field(default=10, ge=1)
     """Most model calls per rollout (tools harness, user simulators, and the openai-agents and
     mini-swe-agent presets)."""
     command: list[str] = []
@@ -96,9 +96,9 @@ class HarnessConfig(Section):
     user_model: UserModelConfig | None = None
     """A model-driven user simulator; without it a task set's @user method (if any) plays the
     user."""
-    timeout_s: float = Field(600, gt=0)
+    timeout_s: float = Field(default=600, gt=0)
     """Whole-rollout time limit; a rollout over it is recorded as errored (kind "timeout")."""
-    max_request_mb: int = Field(32, ge=1)
+    max_request_mb: int = Field(default=32, ge=1)
     """Largest request body a rollout may send to its interception URL, MiB (a larger one: 413)."""
 
 
@@ -108,16 +108,16 @@ class RuntimeConfig(Section):
     its own interception URL); subprocess: unsandboxed child with an allow-listed environment, its
     tree bounded and killed; local: plain child process (this process's environment, time limit
     only); docker: a container per run; auto: sandbox where bubblewrap works, else subprocess."""
-    timeout_s: float = Field(300, gt=0)
+    timeout_s: float = Field(default=300, gt=0)
     """Wall-clock limit of one program run; its whole process tree is killed when it is over."""
-    memory_mb: int | None = Field(None, ge=16)
+    memory_mb: int | None = Field(default=None, ge=16)
     """Memory of the program's whole process tree (a cgroup where this host lets us make one, else
     an address-space limit per process plus a watchdog on the tree's RSS; docker --memory)."""
-    cpu_s: int | None = Field(None, ge=1)
+    cpu_s: int | None = Field(default=None, ge=1)
     """CPU-seconds limit of each process (RLIMIT_CPU; docker --ulimit cpu)."""
-    cpus: float | None = Field(None, gt=0)
+    cpus: float | None = Field(default=None, gt=0)
     """CPUs the program's tree may use at once (cgroup CPU quota where writable; docker --cpus)."""
-    pids_max: int | None = Field(1024, ge=1)
+    pids_max: int | None = Field(default=1024, ge=1)
     """Most processes and threads in the program's tree (cgroup pids controller where writable;
     docker --pids-limit)."""
     keep_env: list[str] = ["PATH", "LANG", "LC_ALL", "TZ"]
@@ -141,16 +141,16 @@ class EnvConfig(Section):
     """Environment id on tasks and rollouts; unset: the task set's name."""
     args: dict[str, Any] = {}
     """Keyword arguments for the task set's constructor."""
-    group_size: int = Field(1, ge=1)
+    group_size: int = Field(default=1, ge=1)
     """Rollouts per task (a task's own group_size wins when set)."""
-    max_concurrent_rollouts: int = Field(64, ge=1)
+    max_concurrent_rollouts: int = Field(default=64, ge=1)
     """Rollouts in flight at once in one env producer."""
-    reward_timeout_s: float = Field(60, gt=0)
+    reward_timeout_s: float = Field(default=60, gt=0)
     """A reward, metric or group reward running longer marks its rollouts errored."""
-    group_wait_s: float = Field(900, gt=0)
+    group_wait_s: float = Field(default=900, gt=0)
     """With group rewards, a group still missing rollouts this long after its first arrived is
     scored as errors (counted), so it never holds back the judge's commits."""
-    max_group_size: int = Field(256, ge=1)
+    max_group_size: int = Field(default=256, ge=1)
     """Largest group_size a task may ask for; a larger one is dead-lettered, naming both."""
     harness: HarnessConfig = HarnessConfig()
     runtime: RuntimeConfig = RuntimeConfig()

@@ -85,7 +85,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
 def load_settings(
     path: str | Path | None = None,
     overrides: list[str] | dict[str, Any] | None = None,
-    model: type[S] = Settings,  # type: ignore[assignment]
+    model: type[S] = Settings,
 ) -> S:
     """Build settings from an optional TOML file, the environment and CLI overrides.
 
@@ -101,7 +101,8 @@ def load_settings(
         raise ConfigError(f"cannot read config {path}: {exc}") from exc
     sources = (InitSettingsSource(model, cli), EnvSettingsSource(model), toml)
     try:
-        return model(_build_sources=(sources, {}))
+        # The sources go in through BaseSettings' private init argument (pyproject pins it).
+        return model(_build_sources=(sources, {}))  # pyright: ignore[reportCallIssue]
     except ValidationError as exc:
         source = ", ".join(
             filter(None, [str(path) if path else "", "environment", "CLI" if cli else ""])

@@ -16,10 +16,10 @@ class AlgorithmConfig(Section):
     normalize_std: bool = False
     """grpo/echo: divide group-relative advantages by the group's reward std (GRPO's original
     form)."""
-    length_penalty: float = Field(0.0, ge=0)
+    length_penalty: float = Field(default=0.0, ge=0)
     """grpo/echo: reward minus length_penalty * completion tokens / the group's longest, before
     centering: among equally good answers the shorter ones win."""
-    echo_weight: float = Field(1.0, ge=0)
+    echo_weight: float = Field(default=1.0, ge=0)
     """echo: weight of the cross-entropy on environment tokens (tool results, user turns)."""
     teacher_url: str = ""
     """opd: /v1 URL of the teacher's inference server (POST /v1/score); self-distill: empty means
@@ -32,11 +32,11 @@ class EnvEntry(Section):
     path: str
     """The environment: env.toml, a directory holding one, module:Class or FILE.py[:Class]."""
     algorithm: AlgorithmConfig = AlgorithmConfig()
-    weight: float = Field(1.0, gt=0)
+    weight: float = Field(default=1.0, gt=0)
     """Share of training tasks drawn from this environment."""
-    producers: int = Field(1, ge=1)
+    producers: int = Field(default=1, ge=1)
     """Env producer processes `rlbus run` starts for it."""
-    judges: int = Field(1, ge=1)
+    judges: int = Field(default=1, ge=1)
     """Judge processes `rlbus run` starts for it."""
     overrides: dict[str, Any] = {}
     """EnvConfig fields over the environment's TOML (group_size, sampling,
@@ -47,30 +47,30 @@ class OrchestratorConfig(Section):
     mode: Literal["async", "sync"] = "async"
     """async: rollouts of the next steps run while the trainer trains; sync: each step waits for
     its rollouts, then for inference to serve the new weights."""
-    tasks_per_step: int = Field(16, ge=1)
+    tasks_per_step: int = Field(default=16, ge=1)
     """Groups (tasks) per training batch."""
-    max_inflight_tasks: int = Field(0, ge=0)
+    max_inflight_tasks: int = Field(default=0, ge=0)
     """Training tasks published but not yet turned into samples (backpressure); 0: as many as are
     expected to yield two steps' groups (2 x tasks_per_step while every group is kept; more when
     groups are dropped for zero signal or length, up to 8x that)."""
-    max_off_policy_steps: int = Field(2, ge=0)
+    max_off_policy_steps: int = Field(default=2, ge=0)
     """Samples whose oldest token is more versions behind the policy being trained are dropped and
     counted."""
-    seq_len: int = Field(4096, ge=2)
+    seq_len: int = Field(default=4096, ge=2)
     """Longest sample trained on; longer ones are dropped and counted."""
     drop_zero_signal: bool = True
     """Drop groups whose every token has advantage 0 (e.g. all rewards equal under grpo)."""
-    eval_every: int = Field(0, ge=0)
+    eval_every: int = Field(default=0, ge=0)
     """Publish the held-out tasks whenever inference serves a version divisible by this (and at the
     first and last version); 0: never."""
-    eval_tasks: int = Field(64, ge=1)
+    eval_tasks: int = Field(default=64, ge=1)
     """Held-out tasks per evaluation (the first ones of each environment's held-out split)."""
-    eval_group_size: int = Field(1, ge=1)
+    eval_group_size: int = Field(default=1, ge=1)
     """Rollouts per held-out task."""
-    held_out_fraction: float = Field(0.05, gt=0, lt=1)
+    held_out_fraction: float = Field(default=0.05, gt=0, lt=1)
     """Share of each task set kept out of training (chosen by a hash of the task id)."""
     seed: int = 0
     """Seed of the training task order (a shuffle buffer over each task set)."""
-    incomplete_after_s: float = Field(1800, gt=0)
+    incomplete_after_s: float = Field(default=1800, gt=0)
     """A rollout whose pieces (trace, tokens, rollout, score) are not all in this long after the
     first is dropped and counted, so it never holds back the commits of what came after it."""

@@ -22,9 +22,9 @@ class InferenceConfig(Section):
     """Engine of the inference server `rlbus run` starts."""
     device: str = "cpu"
     """Device of that server."""
-    port: int = Field(0, ge=0)
+    port: int = Field(default=0, ge=0)
     """Its port; 0: a free one."""
-    threads: int = Field(1, ge=1)
+    threads: int = Field(default=1, ge=1)
     """torch intra-op threads of that server (1 suits tiny models on a small machine)."""
 
 
@@ -33,7 +33,7 @@ class RunConfig(Settings):
 
     model: str = ""
     """Hugging Face model directory the policy starts from (e.g. from `rlbus model init`)."""
-    max_steps: int = Field(20, ge=1)
+    max_steps: int = Field(default=20, ge=1)
     """Optimizer steps of the run; the LR schedule ends here."""
     orchestrator: OrchestratorConfig = OrchestratorConfig()
     trainer: TrainerConfig = TrainerConfig()
@@ -66,9 +66,9 @@ class ReplayConfig(Settings):
     trainer: TrainerConfig = TrainerConfig(optim=OptimConfig(lr=2e-5))
     """The trainer; its lr defaults to 2e-5 here, a fine-tuning rate for a pretrained model (the
     trainer's 3e-4 made SmolLM2-135M diverge: loss 2.27 -> 8.14 -> 3.90)."""
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(default=64, ge=1)
     """Samples per optimizer step."""
-    steps: int = Field(100, ge=1)
+    steps: int = Field(default=100, ge=1)
     """Optimizer steps (samples are reshuffled each pass over them)."""
     seed: int = 0
     """Seed of the sample order."""

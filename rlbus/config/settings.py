@@ -24,22 +24,22 @@ class KafkaConfig(Section):
     """Kafka bootstrap servers (host:port,...). Unset: start the embedded Tansu broker."""
     topic_prefix: str = "rlbus."
     """Prefix of every rlbus topic name."""
-    partitions: int = Field(4, ge=1)
+    partitions: int = Field(default=4, ge=1)
     """Partitions for topics that rlbus creates on first use."""
-    replication_factor: int = Field(1, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
     """Replication factor for topics that rlbus creates."""
-    max_request_size: int = Field(4 * 1024 * 1024, ge=1024)
+    max_request_size: int = Field(default=4 * 1024 * 1024, ge=1024)
     """Largest produce request in bytes; events over claim_check.threshold_bytes never get near
     it."""
-    linger_ms: int = Field(5, ge=0)
+    linger_ms: int = Field(default=5, ge=0)
     """Producer batching delay in milliseconds."""
-    fetch_max_records: int = Field(2000, ge=1)
+    fetch_max_records: int = Field(default=2000, ge=1)
     """Most records one consumer poll hands to a handler."""
     ack_ledger: str = ""
     """Directory where a process writes, when its bus stops, the highest offset the broker
     acknowledged per topic and partition; `rlbus run` sets it, to count what a dead embedded
     broker took with it. Empty: not written."""
-    announce_every_s: float = Field(5.0, gt=0)
+    announce_every_s: float = Field(default=5.0, gt=0)
     """Trainers and inference workers re-publish their current weights version this often, so a
     consumer that restarts past the original (the orchestrator) learns where the run stands."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
@@ -71,18 +71,18 @@ class StoreConfig(Section):
     password: Secret = Secret("")
     """ClickHouse password, written into url (replacing one there) and never printed; set it
     from the environment (RLBUS_STORE__PASSWORD) or a Kubernetes Secret."""
-    batch_rows: int = Field(20_000, ge=1)
+    batch_rows: int = Field(default=20_000, ge=1)
     """Sink flushes a table when this many rows are buffered..."""
-    flush_interval_s: float = Field(0.5, gt=0)
+    flush_interval_s: float = Field(default=0.5, gt=0)
     """...or when its oldest buffered row is this old."""
     serve_http: bool = True
     """While a process holds a chdb store, serve read-only queries to others on loopback."""
     http_host: str = "127.0.0.1"
     """Address of that read-only endpoint (it requires the token in its endpoint file, which
     only its owner can read; another address exposes it beyond this machine's users)."""
-    dedup_window: int = Field(DEFAULT_DEDUP_WINDOW, ge=0)
+    dedup_window: int = Field(default=DEFAULT_DEDUP_WINDOW, ge=0)
     """Inserted blocks remembered per table for insert_deduplication_token."""
-    conflict_check_s: float = Field(5.0, gt=0)
+    conflict_check_s: float = Field(default=5.0, gt=0)
     """The sink looks this often for ids newly stored with a second, different content (the
     `conflicts` view) and logs each once."""
 
@@ -101,14 +101,14 @@ class ClaimCheckConfig(Section):
     url: str = f"file://./{DATA_DIR}/claims"
     """fsspec URL of the claim store: payloads over the threshold are written there, and events
     carry only their key under it (a consumer reads nothing else)."""
-    threshold_bytes: int = Field(512 * 1024, ge=1)
+    threshold_bytes: int = Field(default=512 * 1024, ge=1)
     """Encoded events larger than this go through the claim check (Kafka's default limit is 1
     MiB)."""
-    max_bytes: int = Field(1024 * 1024 * 1024, ge=1)
+    max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1)
     """Largest claim a consumer reads; a bigger one is dead-lettered."""
-    read_timeout_s: float = Field(60.0, gt=0)
+    read_timeout_s: float = Field(default=60.0, gt=0)
     """A claim not read within this is dead-lettered (a consumer is never wedged by it)."""
-    retention_s: float = Field(7 * 24 * 3600.0, gt=0)
+    retention_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     """Claims older than this are deleted (by the processes that write claims). Keep it at
     least the topics' retention (Kafka's default: 7 days): a message still on a topic must
     find its claim."""

@@ -28,7 +28,9 @@ def unstored(store: Store, ledgers: Path, prefix: str, since: float) -> dict[str
     lost: dict[str, int] = {}
     for topic in TOPICS:
         stored: dict[int, int] = {}
-        queries = [(STORED_END.format(table=kind.table), {"since": since}) for kind in topic.kinds]
+        queries: list[tuple[str, dict[str, object]]] = [
+            (STORED_END.format(table=kind.table), {"since": since}) for kind in topic.kinds
+        ]
         queries.append((DEAD_END, {"topic": topic.name, "since": since}))
         for sql, params in queries:
             for partition, offset in store.query(sql, params).rows:

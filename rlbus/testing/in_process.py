@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from rlbus.consumers.orchestrator.loop import Orchestrator
 from rlbus.launch.dashboard import FINAL_STEP
 from rlbus.launch.env_files import env_file
 
-ExtraRole = Callable[[Bus, asyncio.Event], Awaitable[Any]]
+ExtraRole = Callable[[Bus, asyncio.Event], Coroutine[Any, Any, Any]]
 
 
 @contextlib.asynccontextmanager

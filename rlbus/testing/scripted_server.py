@@ -13,7 +13,7 @@ import asyncio
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,7 +107,7 @@ class ScriptedApp:
     def __init__(self, scripted: ScriptedModel):
         self.s = scripted
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         raw = b""
         more = True
         while more:

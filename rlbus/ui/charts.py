@@ -110,10 +110,11 @@ def line_chart(series: Sequence[Series], title: str, x_label: str = "step") -> M
         at = [None if y is None else (f"{px(x):.1f}", f"{py(y):.1f}") for x, y in s.points]
         path, pen_down = [], False
         for k in sorted(range(len(at)), key=lambda k: s.points[k][0]):
-            if at[k] is None:
+            point = at[k]
+            if point is None:
                 pen_down = False
                 continue
-            path.append(f"{'L' if pen_down else 'M'}{at[k][0]},{at[k][1]}")
+            path.append(f"{'L' if pen_down else 'M'}{point[0]},{point[1]}")
             pen_down = True
         if path:
             body.append(f'<path class="line {colour}" d="{" ".join(path)}"/>')

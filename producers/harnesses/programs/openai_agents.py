@@ -31,7 +31,7 @@ def client() -> AsyncOpenAI:
             response.status = "completed"
         return response
 
-    openai.responses.create = create_accepting_length  # type: ignore[method-assign]
+    openai.responses.create = create_accepting_length
     return openai
 
 
@@ -53,6 +53,7 @@ async def main() -> None:
         if m["role"] in ("user", "assistant") and isinstance(m.get("content"), str)
     ]
     turns = int(os.environ.get("RLBUS_AGENT_MAX_TURNS", "10"))
+    # plain message dicts: the SDK's TypedDicts describe the same JSON
     result = await Runner.run(agent, conversation, max_turns=turns)  # type: ignore[arg-type]
     print(result.final_output)
 
