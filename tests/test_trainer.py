@@ -3,6 +3,8 @@ checkpoints and the resume rule."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +18,10 @@ from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.inference.weights import WeightFollower
 from rlbus.consumers.trainer.batching import collate, pack
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, NothingToResume
+from rlbus.consumers.trainer.loop import step_line
 from rlbus.consumers.trainer.policy import full_weights, load_policy, token_logprobs
 from rlbus.consumers.trainer.session import CheckpointExists, open_session
-from rlbus.consumers.trainer.step import Trainer, lr_factor
+from rlbus.consumers.trainer.step import StepResult, Trainer, lr_factor
 from rlbus.schemas import TrainSample, WeightVersion, masks
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 from rlbus.schemas.staleness import filter_stale
@@ -80,6 +83,28 @@ def test_collate_refuses_misaligned_samples() -> None:
     )
     with pytest.raises(ValueError, match="rollout x: 3 input ids"):
         collate([bad])
+
+
+def test_step_line_says_why_a_step_has_no_kl() -> None:
+    """A batch with no sample of the version being trained has no mismatch KL: the log line says
+    so and shows the older samples' KL instead of printing `nan`."""
+    old_only = StepResult(
+        loss=0.5,
+        grad_norm=1.0,
+        entropy=0.1,
+        mismatch_kl=math.nan,
+        lr=1e-5,
+        num_samples=4,
+        num_tokens=10,
+        input_tokens=20,
+        seconds=0.3,
+        metrics={"off_policy_kl": 0.002},
+    )
+    line = step_line(7, old_only)
+    assert "nan" not in line
+    assert "kl - (no sample of this version; off-policy 2.00e-03)" in line
+    fresh = step_line(7, dataclasses.replace(old_only, mismatch_kl=1e-4))
+    assert "step 7: loss 0.5000 grad norm 1.000 kl 1.00e-04 (4 samples, 0.30s)" == fresh
 
 
 def test_lr_schedule() -> None:

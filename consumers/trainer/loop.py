@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -183,17 +184,24 @@ class TrainerWorker:
                 result.skipped,
                 dict(self.skipped),
             )
-        log.info(
-            "step %d: loss %.4f grad norm %.3f kl %.2e (%d samples, %.2fs)",
-            self.state.step,
-            result.loss,
-            result.grad_norm,
-            result.mismatch_kl,
-            result.num_samples,
-            result.seconds,
-        )
+        log.info("%s", step_line(self.state.step, result))
         if self.state.step >= self.max_steps:
             self.stop.set()
+
+
+def step_line(step: int, r: StepResult) -> str:
+    """The trainer's line for a step. Its KL is the inference/trainer mismatch on samples of
+    the version being trained; a batch of older samples only has none, and says so."""
+    if math.isfinite(r.mismatch_kl):
+        kl = f"{r.mismatch_kl:.2e}"
+    elif "off_policy_kl" in r.metrics:
+        kl = f"- (no sample of this version; off-policy {r.metrics['off_policy_kl']:.2e})"
+    else:  # a skipped step
+        kl = "-"
+    return (
+        f"step {step}: loss {r.loss:.4f} grad norm {r.grad_norm:.3f} kl {kl} "
+        f"({r.num_samples} samples, {r.seconds:.2f}s)"
+    )
 
 
 def step_event(
