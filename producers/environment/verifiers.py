@@ -157,8 +157,8 @@ class States:
         task = vf.flatten_task_input(json.loads(json.dumps(row)))
         state = vf.State(input=task)
         state["task"] = task
-        # verifiers types its messages; plain dicts are what it normalizes them from
         state["prompt"] = normalize_messages(prompt, field_name="prompt")
+        # verifiers types its messages; plain dicts are what it normalizes them from
         messages = normalize_messages(completion, field_name="completion")  # pyright: ignore[reportArgumentType]
         state["completion"] = messages
         history = list(state["prompt"])
