@@ -48,7 +48,8 @@ def main() -> int:
             "include": ["rlbus"],
             "pythonVersion": "3.11",
             "typeCheckingMode": "basic",
-            # Reasons stay on the line: `# type: ignore[rule]  # why` or `# pyright: ignore[rule]`.
+            # An ignore names its rule; the reason is a comment beside it (ruff's E501 spares only
+            # lines that end with the pragma, so it sits on the line above).
             "enableTypeIgnoreComments": True,
             "reportUnnecessaryTypeIgnoreComment": "error",
         }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import posixpath
 from dataclasses import dataclass
+from typing import Any
 
 import fsspec
 import torch
@@ -64,17 +65,21 @@ def _one_kind(kinds: set[str], uri: str) -> WeightsKind:
     return known[0]
 
 
+def _read(f: Any, size: int = -1) -> bytes:
+    """Bytes from an fsspec file opened "rb" (its annotations allow text as well)."""
+    data = f.read(size)
+    assert isinstance(data, bytes), "checkpoint files are opened 'rb'"
+    return data
+
+
 def weights_kind(uri: str) -> WeightsKind:
     """What a checkpoint holds, from its files' headers alone."""
     fs, files = checkpoint_files(uri)
     kinds = set()
     for file in files:
         with fs.open(file, "rb") as f:
-            length = f.read(8)
-            assert isinstance(length, bytes)  # opened "rb"
-            header = f.read(int.from_bytes(length, "little"))
-            assert isinstance(header, bytes)
-            kinds.add(_kind(length + header))
+            length = _read(f, 8)
+            kinds.add(_kind(length + _read(f, int.from_bytes(length, "little"))))
     return _one_kind(kinds, uri)
 
 
@@ -85,8 +90,7 @@ def read_checkpoint(uri: str) -> Checkpoint:
     kinds: set[str] = set()
     for file in files:
         with fs.open(file, "rb") as f:
-            raw = f.read()
-            assert isinstance(raw, bytes)  # opened "rb"
+            raw = _read(f)
         try:
             tensors.update(load_safetensors_bytes(raw))
             kinds.add(_kind(raw))

@@ -25,7 +25,7 @@ import socket
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 import uvicorn
@@ -46,6 +46,9 @@ from rlbus.producers.interception.openai_responses import OpenAIResponses
 from rlbus.producers.interception.trace import Trace
 from rlbus.producers.interception.wire import BadRequest, WireFormat
 from rlbus.producers.interception.wire import Request as WireRequest
+
+if TYPE_CHECKING:
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
 WIRES: dict[str, WireFormat] = {
     "chat/completions": OpenAIChat(),
@@ -237,15 +240,13 @@ class InterceptionServer:
     async def listening(self, listener: socket.socket, token: str) -> AsyncIterator[None]:
         """Serve `listener` (already listening) for the rollout holding `token` alone."""
         config, state = self._server.config, self._server.server_state
-        connections: list[asyncio.Protocol] = []
+        # uvicorn types the class as a bare asyncio.Protocol; its HTTP protocols (h11, httptools)
+        # share H11Protocol's constructor and shutdown().
+        http_protocol = cast("type[H11Protocol]", config.http_protocol_class)
+        connections: list[H11Protocol] = []
 
         def connection() -> asyncio.Protocol:
-            # uvicorn types the class as a bare asyncio.Protocol; its HTTP protocols take these
-            protocol = config.http_protocol_class(
-                config=config,  # pyright: ignore[reportCallIssue]
-                server_state=state,  # pyright: ignore[reportCallIssue]
-                app_state={BOUND: token},  # pyright: ignore[reportCallIssue]
-            )
+            protocol = http_protocol(config=config, server_state=state, app_state={BOUND: token})
             connections.append(protocol)
             return protocol
 
@@ -256,8 +257,7 @@ class InterceptionServer:
             server.close()
             for protocol in connections:
                 if protocol in state.connections:  # still open
-                    # uvicorn's HTTP protocols have shutdown(); its annotations say asyncio.Protocol
-                    protocol.shutdown()  # type: ignore[attr-defined]
+                    protocol.shutdown()
 
     def _refusal(self, request: Request, wire: WireFormat | None) -> Response | None:
         """Why this request's token is not served here, as the response to send; None if it is."""
