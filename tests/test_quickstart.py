@@ -137,3 +137,47 @@ def test_quickstart_runs_the_loop_and_says_what_it_did(tmp_path: Path) -> None:
     written = tmp_path / export[export.index("--out") + 1]
     assert len(written.read_text().splitlines()) == good > 0
     assert any(c.startswith("rlbus ui") for c in suggested)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_quickstart_on_a_given_model_evaluates_and_trains_it_alone(tmp_path: Path) -> None:
+    """`--model DIR`: no tiny model is made or warmed up; the baseline and RL stages run on DIR
+    (here `rlbus model init`'s, with its own chat template), asked with reverse_text's
+    instruction."""
+    from rlbus.consumers.inference.model_init import init_model
+
+    init_model(tmp_path / "mine", seed=1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLBUS_")}
+    env["COLUMNS"] = "200"
+    small = ["--max-steps", "2", "--orchestrator.eval-tasks", "16", "--run-id", PREFIX]
+    result = subprocess.run(
+        [sys.executable, "-m", "rlbus", "quickstart", "--model", "mine", *small],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    bars = {name for name, _, _ in BAR.findall(out)}
+    assert bars == {"tasks", "baseline", "rl"}, out
+    for stage in ("model", "teacher", "sft"):
+        assert re.search(rf"│ {stage}\s*│ skipped: --model", out), stage
+    match = LAST_LINE.fullmatch(out.rstrip().splitlines()[-1])
+    assert match, out
+    baseline, after_sft, _ = map(float, match.groups())
+    assert after_sft == baseline  # nothing between them
+    with open_store(f"chdb://{tmp_path / 'rlbus-data'}", read_only=True) as store:
+        models = store.query(
+            "SELECT run_id, any(model) FROM rollouts FINAL WHERE startsWith(run_id, {p:String}) "
+            "GROUP BY run_id ORDER BY run_id",
+            {"p": PREFIX},
+        ).rows
+        prompt = store.query(
+            "SELECT any(prompt) FROM rollouts FINAL WHERE run_id = {r:String}",
+            {"r": f"{PREFIX}-baseline"},
+        ).rows[0][0]
+    assert models == [(f"{PREFIX}-baseline", "mine"), (f"{PREFIX}-rl", "mine")]
+    assert "Reverse the text" in prompt

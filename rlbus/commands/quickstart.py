@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from rlbus.launch.quickstart import Result
 
 UI_PORT = 8765
+COLUMNS = ("rollouts", "events", "tokens")
+"""A stage's figures from the store, in the table's order."""
 
 
 def quickstart(
@@ -67,8 +69,9 @@ def _figure(value: float | None) -> str:
 def show(result: Result) -> None:
     """The stages' table, where to look next, and last the line a script reads."""
     before, after_sft, after_rl = result.held_out
-    exact = dict(zip(("baseline", "sft", "rl"), result.exact, strict=True))
-    reward = {"baseline": before, "sft": after_sft, "rl": after_rl}
+    held_out: dict[str, tuple[float, float]] = dict(
+        zip(("baseline", "sft", "rl"), zip(result.held_out, result.exact, strict=True), strict=True)
+    )
     table = Table(
         "stage",
         "held-out reward",
@@ -83,13 +86,12 @@ def show(result: Result) -> None:
         if stage.skipped:
             table.add_row(stage.name, f"skipped: {stage.skipped}")
             continue
-        measured = stage.name in reward
+        reward, exact = held_out.get(stage.name, (None, None))
         table.add_row(
             stage.name,
-            _figure(reward[stage.name] if measured else None),
-            _figure(exact[stage.name] if measured else None),
-            *(f"{stage.counts[k]:,}" if k in stage.counts else "" for k in ("rollouts", "events")),
-            f"{stage.counts['tokens']:,}" if "tokens" in stage.counts else "",
+            _figure(reward),
+            _figure(exact),
+            *(f"{stage.counts[k]:,}" if k in stage.counts else "" for k in COLUMNS),
             f"{stage.seconds:.1f}",
         )
     table.add_section()
@@ -105,6 +107,8 @@ def show(result: Result) -> None:
     runs = result.runs
     names = ", ".join(s.run_id for s in result.stages if s.run_id and not s.skipped)
     console.print(f"runs in the store: {names}", markup=False, soft_wrap=True)
+    made = ", ".join(f"{name} {path}" for name, path in result.models.items())
+    console.print(f"models: {made}", markup=False, soft_wrap=True)
     console.print("\nlook at it (runs, curves, rollouts, token strips, SQL):")
     url = f"http://127.0.0.1:{UI_PORT}"
     console.print(f"  rlbus ui --port {UI_PORT}", markup=False)

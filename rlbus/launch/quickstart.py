@@ -151,7 +151,7 @@ class Result:
     final_version: int
     rl_config: Path
     models: dict[str, Path]
-    store_url: str
+    """The models made here (the tiny one from init, the SFT one), or the one given."""
 
 
 class StepsBar:
@@ -204,7 +204,7 @@ class Quickstart:
         self.config = config
         self.own_model = model.resolve() if model else None
         self.sizes = sizes
-        settings = load_settings(config, overrides)
+        settings = load_settings(config, overrides, model=RunConfig)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         prefix = f"quickstart-{stamp}" if settings.run_id == "default" else settings.run_id
         self.runs = Runs(prefix)
@@ -378,5 +378,4 @@ class Quickstart:
             last[0],
             path,
             self.models,
-            cfg.store.url,
         )

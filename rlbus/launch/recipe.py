@@ -250,7 +250,7 @@ async def evaluate(
 
 def held_out(store: Store, run_id: str) -> list[tuple[int, float, float, int]]:
     """(version, exact match, mean reward, rollouts) of each held-out evaluation of a run."""
-    return [tuple(r) for r in store.query(HELD_OUT_SQL, {"run": run_id}).rows]  # type: ignore[misc]
+    return [tuple(r) for r in store.query(HELD_OUT_SQL, {"run": run_id}).rows]
 
 
 def reward_curve(store: Store, run_id: str) -> list[tuple]:
