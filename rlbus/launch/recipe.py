@@ -32,7 +32,7 @@ from rlbus.launch.supervisor import thread_env
 from rlbus.producers.environment import Environment, load_environment
 from rlbus.producers.main import run as run_env_producer
 from rlbus.schemas import TaskPublished
-from rlbus.testing import ScriptedModel, ScriptedServer
+from rlbus.testing.scripted_server import ScriptedModel, ScriptedServer
 
 TERSE_ENV = "rlbus.producers.environment.reverse_text:TerseReverseText"
 """reverse_text with the bare word as the user turn: what the tiny model learns."""
