@@ -95,8 +95,7 @@ def show(result: Result) -> None:
             f"{stage.seconds:.1f}",
         )
     table.add_section()
-    total = sum(s.seconds for s in result.stages)
-    table.add_row("total", *[""] * 5, f"{total:.1f}")
+    table.add_row("total", *[""] * 5, f"{result.seconds:.1f}")
     console.print()
     console.print(table)
     console.print(

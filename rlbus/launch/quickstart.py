@@ -149,6 +149,9 @@ class Result:
     held_out_rollouts: int
     """Rollouts of each held-out evaluation (tasks x eval_group_size)."""
     final_version: int
+    seconds: float
+    """The whole quickstart: the stages, the broker and sink starting and stopping, the figures
+    read back."""
     rl_config: Path
     models: dict[str, Path]
     """The models made here (the tiny one from init, the SFT one), or the one given."""
@@ -225,7 +228,8 @@ class Quickstart:
 
     # The RL run's config is the source of every stage's settings: the same store, broker,
     # environment overrides and held-out split for the baseline as for the RL run.
-    def _rl_config(self) -> tuple[Path, RunConfig]:
+    def _rl_config(self) -> tuple[Path, list[str], RunConfig]:
+        """The RL run's config file, the overrides its roles get with it, and the config."""
         table = deep_merge(RUN_DEFAULTS, self._user_config())
         rl_model = self.own_model or self.models["sft"]
         table = deep_merge(table, {"model": str(rl_model)})
@@ -236,7 +240,7 @@ class Quickstart:
         path.write_text(tomli_w.dumps(table))
         overrides = [*self.overrides, "--run-id", self.runs.of("rl")]
         cfg = load_settings(path, overrides, model=RunConfig).check()
-        return path, cfg
+        return path, overrides, cfg
 
     def _user_config(self) -> dict[str, Any]:
         if self.config is None:
@@ -252,9 +256,9 @@ class Quickstart:
         stage.seconds = time.monotonic() - started
 
     def run(self) -> Result:
-        path, cfg = self._rl_config()
-        base = cfg.base()
-        with local_broker(base) as (live, _):
+        started = time.monotonic()
+        path, overrides, cfg = self._rl_config()
+        with local_broker(cfg.base()) as (live, _):
             console.print(banner(live, data_dir(live) / "logs"), markup=False)
             with local_sink(live) as sink:
                 if present := sink.count(PRESENT, {"prefix": self.runs.prefix + "-"}):
@@ -263,11 +267,8 @@ class Quickstart:
                         f"{self.runs.prefix}; pass another --run-id"
                     )
                 self._before_rl(live, cfg, sink)
-            overrides = [*self.overrides, "--run-id", cfg.run_id, "--kafka.bootstrap-servers"]
-            overrides.append(live.kafka.bootstrap_servers or "")
-            live_cfg = cfg.model_copy(update={"kafka": live.kafka})
-            self._rl(live_cfg, path, overrides)
-        return self._result(cfg, path)
+            self._rl(cfg.model_copy(update={"kafka": live.kafka}), path, overrides)
+        return self._result(cfg, path, started)
 
     def _before_rl(self, live: Settings, cfg: RunConfig, sink: LocalSink) -> None:
         entry, orchestrator = cfg.envs[ENV], cfg.orchestrator
@@ -285,6 +286,7 @@ class Quickstart:
         with progress(NOTE) as bars:
 
             def bar(stage: str, total: int) -> Callable[[int], None]:
+                """A stage's bar, and what moves it to a count."""
                 task = bars.add_task(stage, total=total, note="")
                 return lambda done: bars.update(task, completed=done)
 
@@ -313,6 +315,9 @@ class Quickstart:
                         on_count=scored,
                     )
                 )
+                with open_store(live.store.url, read_only=True) as store:
+                    ((_, _, reward, _),) = recipe.held_out(store, baseline.run_id)
+                bars.update(bars.task_ids[-1], note=f"held-out reward {reward:.3f}")
             if self.own_model:
                 return
             with self._stage("teacher"):
@@ -356,7 +361,7 @@ class Quickstart:
         if code != 0:
             raise QuickstartError(f"the RL run {cfg.run_id} ended with code {code}")
 
-    def _result(self, cfg: RunConfig, path: Path) -> Result:
+    def _result(self, cfg: RunConfig, path: Path, started: float) -> Result:
         with open_store(cfg.store.url, read_only=True) as store:
             for stage in self.stages.values():
                 if stage.run_id and not stage.skipped:
@@ -376,6 +381,7 @@ class Quickstart:
             (base_exact, after_sft[1], last[1]),
             baseline[0][3],
             last[0],
+            time.monotonic() - started,
             path,
             self.models,
         )
