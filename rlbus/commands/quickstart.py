@@ -46,8 +46,8 @@ def quickstart(
     sft_steps: Annotated[int, typer.Option(help="SFT steps of 64 samples.", min=1)] = 100,
     config: ConfigOption = None,
 ) -> None:
-    """The whole post-training loop on embedded defaults, in about three minutes on two CPU
-    cores: a tiny model, tasks, its held-out reward, a scripted teacher's rollouts, SFT on them
+    """The whole post-training loop on embedded defaults, in a few minutes on two CPU cores: a
+    tiny model, tasks, its held-out reward, a scripted teacher's rollouts, SFT on them
     replayed from ClickHouse, a short GRPO run with hot weight reload, held-out reward again.
     Run settings follow as overrides (e.g. --max-steps 80 --orchestrator.eval-tasks 256)."""
     require_train_extra("rlbus quickstart")
