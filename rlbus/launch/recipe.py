@@ -24,6 +24,7 @@ from rlbus.bus.store import Store
 from rlbus.bus.waiting import wait_until
 from rlbus.clients.inference import healthy
 from rlbus.config import Settings, data_dir, deep_merge
+from rlbus.config.orchestrator import OrchestratorConfig
 from rlbus.consumers.judge.main import run as run_judge
 from rlbus.consumers.orchestrator.task_draw import Source, TaskSource
 from rlbus.launch.local_sink import LocalSink
@@ -44,7 +45,7 @@ TERSE_TEMPLATE = (
 )
 """Each turn is its text and <|im_end|>; the model's turn opens with <|im_start|>: no role
 headers."""
-HELD_OUT_FRACTION = 0.05
+HELD_OUT_FRACTION = OrchestratorConfig().held_out_fraction
 """The share of the task set no run trains on (the orchestrator's default)."""
 WORD = re.compile(rb"([a-z]+)")
 
