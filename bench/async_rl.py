@@ -17,18 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
-
-import recipe
 from rich.console import Console
 from rich.table import Table
 
@@ -41,10 +35,12 @@ from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.trainer.batching import micro_batches
 from rlbus.consumers.trainer.policy import load_policy
 from rlbus.consumers.trainer.step import Trainer
+from rlbus.launch import recipe
 from rlbus.schemas import TrainBatch, WeightLoaded, WeightVersion, derived_id
 from rlbus.testing import ScriptedModel, ScriptedServer
 from rlbus.testing.in_process import run_in_process
 
+ROOT = Path(__file__).resolve().parent.parent
 console = Console()
 EXAMPLE = ROOT / "examples" / "reverse_text"
 

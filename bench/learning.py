@@ -29,7 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
-import recipe
+from recipe import BY_NAME, Example
 from rich.console import Console
 from rich.table import Table
 
@@ -40,10 +40,11 @@ from rlbus.config.runs import ReplayConfig, RunConfig
 from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.orchestrator.algorithms import AlgorithmConfig, group_advantages
 from rlbus.consumers.orchestrator.stored_samples import stored_samples
-from rlbus.consumers.orchestrator.task_draw import Source, TaskSource
 from rlbus.consumers.trainer.policy import load_policy
 from rlbus.consumers.trainer.sft import train_sft
 from rlbus.consumers.trainer.step import Trainer
+from rlbus.launch import recipe
+from rlbus.launch.local_sink import local_sink
 from rlbus.launch.supervisor import LocalRun
 from rlbus.producers.environment import Scorer, load_environment
 from rlbus.schemas import RolloutCompleted, TrainSample, masks
@@ -65,13 +66,20 @@ def settings_for(workdir: Path, bootstrap: str, run_id: str) -> dict:
 
 
 def sft_stage(
-    example: recipe.Example, workdir: Path, bootstrap: str, teacher_tasks: int, sft: ReplayConfig
+    example: Example, workdir: Path, bootstrap: str, teacher_tasks: int, sft: ReplayConfig
 ) -> tuple[Path, float]:
     """Teacher rollouts -> store -> SFT model; returns its path and the seconds it took."""
     started = time.monotonic()
     init = recipe.init_terse_model(workdir / "init", seed=0)
     settings = load_settings(overrides=settings_for(workdir, bootstrap, "teacher"))
-    scored = asyncio.run(recipe.collect_teacher(example, settings, init, teacher_tasks))
+    env = load_environment(example.env_path)
+    tasks = recipe.train_tasks(env, settings.run_id, teacher_tasks)
+    with local_sink(settings) as sink:
+        scored = asyncio.run(
+            recipe.collect_teacher(
+                settings, example.teacher, init, sink, len(tasks), tasks, example.env_path
+            )
+        )
     with open_store(settings.store.url, read_only=True) as store:
         samples = asyncio.run(
             stored_samples(store, f"reward >= 1 AND env = '{example.name}'", "teacher")
@@ -110,7 +118,7 @@ def rl_overrides(
 
 
 def rlbus_stage(
-    example: recipe.Example,
+    example: Example,
     workdir: Path,
     bootstrap: str,
     model: Path,
@@ -149,7 +157,7 @@ def rlbus_stage(
 
 
 def bare_stage(
-    example: recipe.Example,
+    example: Example,
     model: Path,
     steps: int,
     eval_every: int,
@@ -169,7 +177,7 @@ def bare_stage(
     policy = load_policy(model, TrainerConfig().lora)
     cfg = TrainerConfig.model_validate({"optim": {"lr": lr}, "loss": {"name": "cross_entropy"}})
     trainer = Trainer(policy, cfg, steps)
-    source = TaskSource([Source(env, 1.0)], "bare", held_out_fraction=0.05, seed=0)
+    source = recipe.task_source(env, "bare")
     held = source.eval_set(0, eval_tasks, 1)
 
     def prompt_ids(task) -> list[int]:
@@ -312,7 +320,7 @@ def plot(path: Path, title: str, rl: list, bare: list, curve: list) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--example", choices=sorted(recipe.BY_NAME), default="reverse_text")
+    parser.add_argument("--example", choices=sorted(BY_NAME), default="reverse_text")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--eval-tasks", type=int, default=256)
@@ -330,7 +338,7 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=None, help="default: EXAMPLE/learning.png")
     parser.add_argument("--skip-bare", action="store_true")
     args = parser.parse_args()
-    example = recipe.BY_NAME[args.example]
+    example = BY_NAME[args.example]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rlbus-learning-"))
     workdir.mkdir(parents=True, exist_ok=True)
     rl_cfg = load_settings(example.dir / "rl.toml", ["--model", "x"], model=RunConfig)

@@ -223,8 +223,7 @@ class Task:
 
     def held_out_reward(self, text: str, answer: str) -> float:
         if self.name == "reverse_text":
-            sys.path.insert(0, str(self.dir))
-            from env import lcs_ratio  # examples/reverse_text/env.py
+            from rlbus.producers.environment.reverse_text import lcs_ratio
 
             return lcs_ratio(text.strip(), answer)
         return self.env.taskset.correct(text=text, answer=answer)

@@ -1,5 +1,5 @@
 """The CLI against the real broker and chdb: tasks publish from every source kind, topics,
-sql while a sink holds the store, and the README's quickstart."""
+sql while a sink holds the store (the README's quickstart: tests/test_quickstart.py)."""
 
 from __future__ import annotations
 
@@ -168,32 +168,6 @@ def test_broker_command_is_found_by_other_commands(tmp_path: Path) -> None:
     finally:
         broker.terminate()
         broker.wait(10)
-
-
-@pytest.mark.slow
-def test_quickstart_is_one_command(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLBUS_")}
-    result = subprocess.run(
-        [sys.executable, "-m", "rlbus", "quickstart", "-n", "50"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "landed in ClickHouse" in result.stdout and "reverse_text" in result.stdout
-    # Afterwards nothing holds the store, and `rlbus sql` opens it directly.
-    sql = subprocess.run(
-        [sys.executable, "-m", "rlbus", "sql", "SELECT count() FROM tasks FINAL", "-f", "csv"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert sql.stdout.split() == ['"count()"', "50"], sql.stderr
-    assert not (tmp_path / "rlbus-data" / ".rlbus-broker").exists()
 
 
 def test_embedded_broker_reports_a_binary_that_cannot_run(

@@ -391,6 +391,9 @@ async def _train_rollout(
     return env, out
 
 
+REVERSE_TEXT = "rlbus.producers.environment.reverse_text"
+
+
 def _calls(out: RolloutOutput) -> list[tuple[list[int], list[int]]]:
     return [(list(tokens(r.prompt_ids)), list(tokens(r.completion_ids))) for r in out.tokens]
 
@@ -400,7 +403,10 @@ def _assert_extended(calls: list[tuple[list[int], list[int]]]) -> None:
         assert prompt[: len(prev_prompt) + len(prev_completion)] == prev_prompt + prev_completion
 
 
-@pytest.mark.parametrize("taskset", ["env.py:ReverseText", "terse.py:TerseReverseText"])
+@pytest.mark.parametrize(
+    "taskset",
+    [f"{REVERSE_TEXT}:{name}" for name in ("ReverseText", "TerseReverseText")],
+)
 async def test_train_mode_the_env_system_prompt_is_the_only_system_block(taskset: str) -> None:
     """SmolLM2's template writes its own system prompt when the messages have none; an env's
     system prompt must stand in its place, once. A task with none keeps the template's."""

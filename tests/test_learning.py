@@ -5,7 +5,6 @@ RL must beat the SFT warm start's (the full recipe: bench/learning.py)."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,11 +15,12 @@ from rlbus.config.runs import RunConfig
 from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.orchestrator.stored_samples import stored_samples
 from rlbus.consumers.trainer.sft import train_sft
+from rlbus.launch import recipe
+from rlbus.launch.local_sink import local_sink
+from rlbus.producers.environment import load_environment
 from rlbus.testing.in_process import run_in_process
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
-sys.path.insert(0, str(EXAMPLE.parent))
-import recipe
 
 STEPS = 60
 
@@ -31,7 +31,12 @@ async def test_grpo_raises_reward_after_sft_warm_start(settings: Settings, tmp_p
     init, sft = tmp_path / "init", tmp_path / "sft"
     recipe.init_terse_model(init, seed=0)
     teacher = settings.model_copy(update={"run_id": "teacher"})
-    assert await recipe.collect_teacher(recipe.REVERSE_TEXT, teacher, init, 512) == 512
+    tasks = recipe.train_tasks(load_environment(recipe.TERSE_ENV), teacher.run_id, 512)
+    with local_sink(teacher) as sink:
+        scored = await recipe.collect_teacher(
+            teacher, recipe.reverse_teacher, init, sink, 512, tasks
+        )
+    assert scored == 512
     with open_store(settings.store.url, read_only=True) as store:
         stored = await stored_samples(store, "reward >= 1 AND env = 'reverse_text'", "teacher")
     # A short warm start (held-out exact match ~0.3) leaves RL room to show a rise quickly.
@@ -52,7 +57,6 @@ async def test_grpo_raises_reward_after_sft_warm_start(settings: Settings, tmp_p
                 "seed": 0,
             },
             "trainer": {"checkpoint_url": str(tmp_path / "ckpt")},
-            "envs": {"reverse_text": {"path": str(EXAMPLE / "terse.toml")}},
         },
     )
     await run_in_process(run, EXAMPLE, timeout_s=420)

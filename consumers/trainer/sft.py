@@ -7,6 +7,8 @@ import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import torch
+
 from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.trainer.policy import load_policy, save_model
 from rlbus.consumers.trainer.step import StepResult, Trainer
@@ -27,6 +29,8 @@ def train_sft(
     `on_step(step, batch, result)` follows each step."""
     if not samples:
         raise ValueError("no samples to train on")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     policy = load_policy(model, cfg.lora, cfg.device, cfg.gradient_checkpointing)
     trainer = Trainer(policy, cfg, steps)
     rng = random.Random(seed)

@@ -1,79 +1,149 @@
-"""`rlbus quickstart`: the whole event log on one machine, nothing to start by hand.
-
-Starts the embedded broker (unless one is configured), a sink process holding the store,
-publishes a generated sample task set, waits until every task is in ClickHouse, and prints
-what landed.
-"""
+"""`rlbus quickstart`: the whole post-training loop on embedded defaults (rlbus.launch.quickstart
+does the work), then what it did and where to look next."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
-from rlbus.bus.store import open_store
-from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, settings_from
-from rlbus.config import data_dir
-from rlbus.console import console, progress
-from rlbus.discovery import local_broker
-from rlbus.launch.local_sink import local_sink
-from rlbus.producers.task_sources.generated import reverse_text
-from rlbus.producers.task_sources.publish import publish_tasks
+from rlbus.commands.common import (
+    OVERRIDES,
+    OVERRIDES_HELP,
+    ConfigOption,
+    exits_on,
+    require_train_extra,
+)
+from rlbus.config import ConfigError
+from rlbus.console import console
 
-LANDED = "SELECT count() FROM tasks FINAL WHERE run_id = {run:String}"
-SUMMARY = (
-    "SELECT env, count() AS tasks, uniqExact(task_id) AS distinct_ids, "
-    "round(avg(length(answer)), 2) AS mean_answer_len, max(ingested_at) - min(ts) AS lag_s "
-    "FROM tasks FINAL WHERE run_id = {run:String} GROUP BY env"
-)
-SAMPLE = (
-    "SELECT task_id, JSONExtractString(prompt, 1, 'content') AS prompt, answer "
-    "FROM tasks FINAL WHERE run_id = {run:String} ORDER BY task_id LIMIT 5"
-)
+if TYPE_CHECKING:
+    from rlbus.launch.quickstart import Result
+
+UI_PORT = 8765
+COLUMNS = ("rollouts", "events", "tokens")
+"""A stage's figures from the store, in the table's order."""
 
 
 def quickstart(
     ctx: typer.Context,
-    n: Annotated[int, typer.Option("-n", help="Sample tasks to publish.")] = 256,
-    timeout_s: Annotated[
-        float, typer.Option(help="Give up waiting for the store after this long.")
-    ] = 120,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            help="Evaluate and train this Hugging Face model directory (e.g. from `rlbus model "
+            "import`) instead of a tiny one made and warmed up here; it is asked with "
+            "reverse_text's instruction.",
+            exists=True,
+            file_okay=False,
+        ),
+    ] = None,
+    teacher_tasks: Annotated[
+        int, typer.Option(help="Training tasks the scripted teacher answers.", min=1)
+    ] = 2048,
+    sft_steps: Annotated[int, typer.Option(help="SFT steps of 64 samples.", min=1)] = 100,
     config: ConfigOption = None,
 ) -> None:
-    """Broker + store + sink on embedded defaults; publish sample tasks; show what landed."""
-    settings = settings_from(ctx, config)
-    run_id = f"quickstart-{int(time.time())}" if settings.run_id == "default" else settings.run_id
-    settings = settings.model_copy(update={"run_id": run_id})
-    logs = data_dir(settings) / "logs"
-    p = {"run": run_id}
-    with local_broker(settings) as (live, _):
-        console.print(
-            f"broker: {live.kafka.bootstrap_servers}   store: {live.store.url}   logs: {logs}"
+    """The whole post-training loop on embedded defaults, in a few minutes on two CPU cores: a
+    tiny model, tasks, its held-out reward, a scripted teacher's rollouts, SFT on them
+    replayed from ClickHouse, a short GRPO run with hot weight reload, held-out reward again.
+    Run settings follow as overrides (e.g. --max-steps 80 --orchestrator.eval-tasks 256)."""
+    require_train_extra("rlbus quickstart")
+    from transformers.utils import logging as hf_logging
+
+    from rlbus.launch.quickstart import Quickstart, QuickstartError, Sizes
+
+    hf_logging.disable_progress_bar()  # each stage has its own bar
+
+    with exits_on(QuickstartError, ConfigError, RuntimeError, TimeoutError):
+        result = Quickstart(list(ctx.args), config, model, Sizes(teacher_tasks, sft_steps)).run()
+    show(result)
+
+
+def _figure(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
+
+
+def show(result: Result) -> None:
+    """The stages' table, where to look next, and last the line a script reads."""
+    before, after_sft, after_rl = result.held_out
+    held_out: dict[str, tuple[float, float]] = dict(
+        zip(("baseline", "sft", "rl"), zip(result.held_out, result.exact, strict=True), strict=True)
+    )
+    table = Table(
+        "stage",
+        "held-out reward",
+        "exact match",
+        "rollouts",
+        "events",
+        "tokens",
+        "seconds",
+        title=f"rlbus quickstart {result.runs.prefix}",
+    )
+    for stage in result.stages:
+        if stage.skipped:
+            table.add_row(stage.name, f"skipped: {stage.skipped}")
+            continue
+        reward, exact = held_out.get(stage.name, (None, None))
+        table.add_row(
+            stage.name,
+            _figure(reward),
+            _figure(exact),
+            *(f"{stage.counts[k]:,}" if k in stage.counts else "" for k in COLUMNS),
+            f"{stage.seconds:.1f}",
         )
-        with local_sink(live, timeout_s) as sink:
-            with progress() as bars:
-                published = bars.add_task("publishing", total=n)
-                tasks = reverse_text(n, seed=0)
-                advance = lambda k: bars.update(published, advance=k)  # noqa: E731
-                asyncio.run(publish_tasks(live, tasks, advance))
-                landed = bars.add_task("in ClickHouse", total=n)
-                count = lambda c: bars.update(landed, completed=c)  # noqa: E731
-                sink.wait_landed(LANDED, p, n, f"{n} tasks in the store", timeout_s, count)
-            with open_store(live.store.url, read_only=True) as store:
-                summary = store.query(SUMMARY, p)
-                sample = store.query(SAMPLE, p)
-    for title, result in (
-        (f"landed in ClickHouse (run {run_id})", summary),
-        ("a few of them", sample),
-    ):
-        table = Table(*result.columns, title=title)
-        for row in result.rows:
-            table.add_row(*(str(v) for v in row))
-        console.print(table)
-    console.print(f"next: rlbus sql \"SELECT count() FROM tasks FINAL WHERE run_id = '{run_id}'\"")
+    table.add_section()
+    table.add_row("total", *[""] * 5, f"{result.seconds:.1f}")
+    console.print()
+    console.print(table)
+    console.print(
+        f"held-out: {result.held_out_rollouts:,} rollouts of the same tasks each time (never "
+        f"trained on); after SFT is the RL run's version 0, after RL its version "
+        f"{result.final_version}"
+    )
+    runs = result.runs
+    names = ", ".join(s.run_id for s in result.stages if s.run_id and not s.skipped)
+    console.print(f"runs in the store: {names}", markup=False, soft_wrap=True)
+    made = ", ".join(f"{name} {path}" for name, path in result.models.items())
+    console.print(f"models: {made}", markup=False, soft_wrap=True)
+    console.print("\nlook at it (runs, curves, rollouts, token strips, SQL):")
+    url = f"http://127.0.0.1:{UI_PORT}"
+    console.print(f"  rlbus ui --port {UI_PORT}", markup=False)
+    console.print(
+        f"  then {url}/runs/{runs.of('rl')} and, before and after side by side, "
+        f"{url}/compare?a={runs.of('baseline')}&b={runs.of('rl')}",
+        markup=False,
+        soft_wrap=True,
+    )
+    console.print("query it:")
+    for sql in queries(result):
+        console.print(f'  rlbus sql "{sql}"', markup=False, soft_wrap=True)
+    console.print("make it a data set (the RL run's right answers, chat format):")
+    export = f"rlbus export --run {runs.of('rl')} --where 'reward >= 1' --out {runs.prefix}.jsonl"
+    console.print(f"  {export}", markup=False, soft_wrap=True)
+    train = f"rlbus run {result.rl_config} --run-id NEW-ID"
+    console.print(f"train longer: {train} --max-steps 100", markup=False, soft_wrap=True)
+    # Last, on a line of its own and with no markup: what a script reads.
+    print(f"held-out reward: {before:.3f} → {after_sft:.3f} → {after_rl:.3f}")
+
+
+def queries(result: Result) -> list[str]:
+    """Two or three queries to try on this quickstart's runs, as `rlbus sql` takes them."""
+    runs = result.runs
+    return [
+        "SELECT run_id, step AS version, held_out_rollouts, "
+        "round(held_out_mean_reward, 3) AS held_out_reward FROM reward_by_step "
+        f"WHERE startsWith(run_id, '{runs.prefix}-') AND held_out_rollouts > 0 "
+        "ORDER BY first_ts",
+        "SELECT step, train_rollouts, round(train_mean_reward, 3) AS train_reward "
+        f"FROM reward_by_step WHERE run_id = '{runs.of('rl')}' ORDER BY step",
+        "SELECT r.answer, JSONExtractString(r.completion, 1, 'content') AS reply, s.reward "
+        "FROM rollouts AS r FINAL INNER JOIN scored AS s FINAL ON r.rollout_id = s.rollout_id "
+        f"WHERE r.run_id = '{runs.of('rl')}' "
+        f"AND JSONExtractInt(r.info, 'eval_version') = {result.final_version} LIMIT 8",
+    ]
 
 
 def register(app: typer.Typer, worker_app: typer.Typer) -> None:

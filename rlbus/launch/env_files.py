@@ -5,6 +5,7 @@ spec, not a run config). Written to the run directory, so what each role ran is 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import tomli_w
 
@@ -16,12 +17,7 @@ from rlbus.producers.environment.loader import ENV_FILE, read_env_table
 def env_file(
     entry: EnvEntry, name: str, base_dir: Path, out_dir: Path, model: str, base_url: str
 ) -> Path:
-    path = Path(entry.path) if Path(entry.path).is_absolute() else base_dir / entry.path
-    source = path / ENV_FILE if path.is_dir() else path
-    table = read_env_table(source)
-    taskset, _, attr = table["taskset"].partition(":")
-    if taskset.endswith(".py") and not Path(taskset).is_absolute():
-        table["taskset"] = str((source.parent / taskset).resolve()) + (f":{attr}" if attr else "")
+    table = _env_table(entry.path, base_dir)
     model_cfg = {
         "name": Path(model).name,
         "base_url": base_url,
@@ -33,3 +29,19 @@ def env_file(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(tomli_w.dumps({"env": merged}))
     return out
+
+
+def _env_table(spec: str, base_dir: Path) -> dict[str, Any]:
+    """The environment's own table: its TOML's (an env.toml or a directory holding one), or just
+    the task set that module:Class or FILE.py[:Class] names; a relative task set file is made
+    absolute, since the table is written elsewhere."""
+    path = Path(spec) if Path(spec).is_absolute() else base_dir / spec
+    if path.is_dir() or spec.endswith(".toml"):
+        source = path / ENV_FILE if path.is_dir() else path
+        table, relative_to = read_env_table(source), source.parent
+    else:
+        table, relative_to = {"taskset": spec}, base_dir
+    taskset, _, attr = table["taskset"].partition(":")
+    if taskset.endswith(".py") and not Path(taskset).is_absolute():
+        table["taskset"] = str((relative_to / taskset).resolve()) + (f":{attr}" if attr else "")
+    return table

@@ -12,8 +12,9 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 
 from rlbus.bus import EmbeddedBroker, free_port
@@ -39,6 +40,15 @@ class Roles:
     orchestrator: RoleProcess
     url: str
     """The inference server's /v1 URL."""
+
+
+class RunView(Protocol):
+    """What `rlbus run` shows while it runs, read from the store (the Dashboard by default)."""
+
+    refreshed: float
+    """time.monotonic() of the last refresh."""
+
+    def refresh(self) -> RenderableType: ...
 
 
 class BrokerLost(RuntimeError):
@@ -81,13 +91,16 @@ class LocalRun:
         overrides: list[str],
         resume: bool,
         console: Console,
+        view: RunView | None = None,
     ):
+        """`view`: what the run shows live (default: the Dashboard of the run)."""
         self.cfg = cfg
         self.config_path = config_path.resolve()
         self.overrides = overrides
         self.resume = resume
         self.console = console
         self.run_dir = data_dir(cfg) / "runs" / cfg.run_id
+        self.view = view
         self.processes: list[RoleProcess] = []
         self.broker: EmbeddedBroker | None = None
         """The embedded broker this run started (None: a configured or announced one)."""
@@ -173,7 +186,7 @@ class LocalRun:
         served = "the sink to serve the store"
         wait_for(lambda: store_served_elsewhere(base), timeout_s, served, check=services)
         wait_for(lambda: healthy(url), timeout_s, f"inference at {url}", check=services)
-        dashboard = Dashboard(self.cfg.run_id, base.store.url)
+        dashboard = self.view or Dashboard(self.cfg.run_id, base.store.url)
         with Live(dashboard.refresh(), console=self.console, refresh_per_second=2) as live:
             while orchestrator.alive():
                 self._check_broker(base.kafka.bootstrap_servers or "")

@@ -1,5 +1,6 @@
-"""Test and benchmark support (like torch.testing), not part of any role: no role, command or
-launcher imports it. `scripted_server`: a scripted OpenAI-compatible model server (the test
+"""Test and benchmark support (like torch.testing), not part of any role: no role or command
+imports it, and of the launcher only the learning recipe, whose teacher is a scripted model
+(`rlbus quickstart`). `scripted_server`: a scripted OpenAI-compatible model server (the test
 double for a remote LLM); `in_process`: every role of a run in one event loop; `browser`:
 Debian's headless chromium under Playwright, for the ui's browser tests and bench/analytics.py.
 """

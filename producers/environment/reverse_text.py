@@ -1,10 +1,21 @@
-"""Reverse a short word. Full credit for the exact reversal, partial credit by longest common
-subsequence, and (as a group reward) a bonus for the most concise correct answer of a group."""
+"""reverse_text, the built-in sample environment: reverse a short word (generated in code, no
+download). Full credit for the exact reversal, partial credit by longest common subsequence,
+and (as a group reward) a bonus for the most concise correct answer of a group.
+
+`TerseReverseText` is the same task set with the bare word as the user turn: what a tiny model
+from `rlbus model init` learns in minutes on a CPU (`rlbus quickstart`). Measured
+(examples/reverse_text/RESULTS.md): with ~25 constant tokens (instruction + chat headers)
+before the word, a 0.9M-parameter model's SFT loss stays near 2.8 nats/token after 600-1200
+steps; with the word alone it falls to 0.2 within 100 steps."""
 
 from __future__ import annotations
 
-from rlbus.producers.environment import TaskSet, group_reward, metric, reward
+from typing import Any
+
+from rlbus.producers.environment.decorators import group_reward, metric, reward
+from rlbus.producers.environment.taskset import TaskSet
 from rlbus.producers.task_sources.generated import reverse_text
+from rlbus.schemas import Messages, TaskPublished
 
 
 def lcs_ratio(a: str, b: str) -> float:
@@ -49,3 +60,17 @@ class ReverseText(TaskSet):
     @metric
     def answer_chars(self, text: str) -> float:
         return float(len(text))
+
+
+class TerseReverseText(ReverseText):
+    """reverse_text with the word alone as the user turn: no system prompt, no instruction.
+    Tasks, ids, answers and rewards are reverse_text's own."""
+
+    system_prompt = None
+    defaults: dict[str, Any] = {
+        "group_size": 8,
+        "sampling": {"temperature": 1.0, "max_tokens": 16},
+    }
+
+    def messages(self, task: TaskPublished) -> Messages:
+        return [{"role": "user", "content": task.answer[::-1]}]
