@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
+import tempfile
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +24,12 @@ def absolute_url(url: str) -> str:
     if url.startswith("file://") and not url.startswith("file:///"):
         return "file://" + os.path.abspath(url[len("file://") :])
     return url
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether an fsspec file system is this machine's disk."""
+    protocol = fs.protocol
+    return "file" in ((protocol,) if isinstance(protocol, str) else protocol)
 
 
 class Folder:
@@ -45,6 +53,26 @@ class Folder:
         self.fs.mv(tmp, path)
         return path
 
+    def write_file(self, rel: str, write: Callable[[str], None]) -> int:
+        """Write `rel` atomically with `write(local_path)`, a serializer that streams to a file
+        (safetensors, torch.save) instead of building the whole file in memory first: for
+        weights of hundreds of MB that copy costs more than the write. On a remote file system
+        the file is written locally, then uploaded. Returns its size in bytes."""
+        path = self.path(rel)
+        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        if self.local:
+            write(tmp)
+            size = os.path.getsize(tmp)
+        else:
+            with tempfile.TemporaryDirectory(prefix="rlbus-upload-") as scratch:
+                local = os.path.join(scratch, posixpath.basename(path))
+                write(local)
+                size = os.path.getsize(local)
+                self.fs.put_file(local, tmp)
+        self.fs.mv(tmp, path)
+        return size
+
     def read(self, rel: str) -> bytes:
         with self.fs.open(self.path(rel), "rb") as f:
             return f.read()
@@ -54,8 +82,7 @@ class Folder:
 
     @property
     def local(self) -> bool:
-        protocol = self.fs.protocol
-        return "file" in ((protocol,) if isinstance(protocol, str) else protocol)
+        return is_local(self.fs)
 
     def read_regular(self, rel: str, size: int) -> bytes:
         """The file `rel`, which must be a regular file (not a link, FIFO or device) of exactly

@@ -20,17 +20,19 @@ from rlbus.schemas import (
     TokenRecord,
     TrainBatch,
     TrainStep,
+    WeightLoaded,
+    WeightVersion,
     derived_id,
 )
 from rlbus.schemas.packed import pack_tokens
 
 PNG = b"\x89PNG\r\n\x1a\n"
-CURVES = {"reward", "held_out", "loss", "staleness", "drops", "throughput"}
+CURVES = {"reward", "held_out", "loss", "staleness", "drops", "throughput", "weights"}
 
 
 def run_events(run: str, train: bool) -> list[list]:
     """Rollouts sampled by versions 0-2 (every fourth held out), their scores and timed model
-    calls; with `train`, two train steps and their batches."""
+    calls; with `train`, two train steps, their batches and their weights, published and loaded."""
     rollouts, scores, records = [], [], []
     for version in range(3):
         for i in range(4):
@@ -80,6 +82,21 @@ def run_events(run: str, train: bool) -> list[list]:
                     tokens_per_s=1000.0,
                     staleness={"0": 6, "1": 2},
                     dropped_stale=step - 1,
+                    metrics={"step_s": 0.256, "weights_write_s": 0.05, "weights_mb": 5.0},
+                )
+                for step in (1, 2)
+            ]
+        )
+        events.append(
+            [
+                WeightVersion(run_id=run, ts=1.7e9 + step, version=step, uri=f"v{step}")
+                for step in (1, 2)
+            ]
+        )
+        events.append(
+            [
+                WeightLoaded(
+                    run_id=run, ts=1.7e9 + step + 0.1, version=step, worker_id="w", load_s=0.05
                 )
                 for step in (1, 2)
             ]

@@ -28,6 +28,11 @@ def migrations_before_views() -> list[Migration]:
     return [by_version[v] for v in sorted(by_version)]
 
 
+VIEWS_ADDED_SINCE = {"weight_updates"}
+"""Views first defined after views moved out of the migrations: an old store gains them when it
+migrates, as a fresh one has them."""
+
+
 def old_store(path: Path, migrations: list[Migration]) -> None:
     """A store migrated as before views moved: `migrations`, and no views but theirs."""
     client = clickhouse_connect.get_client(interface="chdb", path=str(path))
@@ -75,9 +80,9 @@ def test_a_store_migrated_before_views_moved_opens_and_its_views_read_as_a_fresh
     with open_store(f"chdb://{tmp_path / 'fresh'}") as store:
         fill(store, events)
         fresh = view_state(store)
-    assert sorted(before) == sorted(fresh)
+    assert sorted(before) == sorted(set(fresh) - VIEWS_ADDED_SINCE)
     # The files under bus/store/views hold the SQL the old migrations' last definitions held.
-    assert {name: state[0] for name, state in fresh.items()} == before
+    assert {name: fresh[name][0] for name in before} == before
     assert reopened == fresh
     empty = sorted(name for name, (_, _, rows) in fresh.items() if not rows)
     assert empty == ["conflicts"], "every view but conflicts should have rows to compare"

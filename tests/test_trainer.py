@@ -140,6 +140,36 @@ def test_sft_steps_learn_and_inference_logprobs_match(tiny: Path) -> None:
     assert result.num_tokens == 6 and result.grad_norm > 0
 
 
+def test_token_logprobs_run_the_head_only_where_a_loss_token_is_predicted(tiny: Path) -> None:
+    """The log-probs and entropies at loss positions equal those of the whole sequence's
+    logits, gradients included, while the head sees only the positions before loss tokens."""
+    torch.manual_seed(0)
+    model = load_policy(tiny, LoraConfig())
+    seqs = [[10, 11, 12, 13, 14, 15, 16, 17], [20, 21, 22, 23, 24], [30, 31, 32, 33, 34, 35]]
+    mb = collate([sample(s, start) for s, start in zip(seqs, (5, 2, 3), strict=True)])
+    mb.temperature = torch.tensor([1.0, 0.7, 1.3])
+    seen: list[int] = []
+    hook = model.lm_head.register_forward_hook(
+        lambda _m, args, _out: seen.append(args[0].reshape(-1, args[0].shape[-1]).shape[0])
+    )
+    lps, entropy = token_logprobs(model, mb)
+    hook.remove()
+    scored = mb.loss_mask > 0
+    assert seen == [int(scored.sum())]  # 3 + 3 + 3 loss tokens, not 3 x 8 positions
+
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+    dist = torch.log_softmax(logits / mb.temperature[:, None, None], dim=-1)
+    full = dist.gather(-1, mb.input_ids[:, 1:, None]).squeeze(-1)
+    expected = torch.cat([torch.zeros(3, 1), full], dim=1)
+    assert torch.allclose(lps[scored], expected[scored], atol=1e-6)
+    assert torch.all(lps[~scored] == 0)
+    at_loss = dist[scored[:, 1:]]
+    assert torch.allclose(entropy, -(at_loss.exp() * at_loss).sum(-1), atol=1e-5)
+    (grad,) = torch.autograd.grad(lps[scored].sum(), model.lm_head.weight)
+    (expected_grad,) = torch.autograd.grad(expected[scored].sum(), model.lm_head.weight)
+    assert torch.allclose(grad, expected_grad, atol=1e-6)
+
+
 def test_lora_exports_merged_weights_under_base_names(tiny: Path) -> None:
     base = load_policy(tiny, LoraConfig())
     lora = load_policy(tiny, LoraConfig(enabled=True, rank=4))

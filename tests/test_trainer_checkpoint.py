@@ -220,3 +220,32 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tied: Path) ->
     assert norm == pytest.approx(norm_ckpt, rel=1e-5)
     for name, weight in plain.items():
         torch.testing.assert_close(ckpt[name], weight, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("where", ["file", "memory"])
+def test_weights_stream_to_local_and_remote_folders_and_read_back_whole(
+    where: str, tmp_path: Path
+) -> None:
+    """A version is serialized straight into its file (locally, or locally then uploaded to a
+    remote fsspec folder), renamed into place whole, and read back tensor for tensor."""
+    from rlbus.consumers.inference.checkpoint_reader import read_checkpoint
+    from rlbus.consumers.trainer.checkpoint import CheckpointStore
+
+    url = f"file://{tmp_path}/ckpt" if where == "file" else f"memory://ckpt-{tmp_path.name}"
+    store = CheckpointStore(url, keep_weights=2, weights_dtype=torch.bfloat16)
+    weights = {"a.weight": torch.randn(64, 32), "b.bias": torch.randn(7), "step": torch.tensor(3)}
+    for version in (1, 2, 3):
+        written = store.write_weights(version, weights)
+        fs = store.folder.fs
+        path = store.folder.path(f"weights/v{version:06d}.safetensors")
+        assert written.bytes == fs.size(path) > 0
+    listed = fs.ls(store.folder.path("weights"), detail=False)
+    assert sorted(p.rsplit("/", 1)[-1] for p in listed) == [
+        "v000002.safetensors",
+        "v000003.safetensors",
+    ]  # pruned to keep_weights; no temporary file left behind
+    back = read_checkpoint(written.uri)
+    assert back.kind == "full" and set(back.tensors) == set(weights)
+    assert back.tensors["a.weight"].dtype == torch.bfloat16
+    assert torch.equal(back.tensors["a.weight"], weights["a.weight"].to(torch.bfloat16))
+    assert torch.equal(back.tensors["step"], weights["step"])

@@ -241,8 +241,17 @@ def test_runs_page_lists_both_runs_with_mode_steps_and_latest_reward(world: Worl
 
 def test_run_page_shows_the_curves_and_the_views(world: World) -> None:
     page = world.get(f"/runs/{world.run}")
-    for chart in ("reward", "held_out", "loss", "staleness", "drops", "throughput"):
+    for chart in ("reward", "held_out", "loss", "staleness", "drops", "throughput", "weights"):
         assert f'id="chart-{chart}"' in page
+    # The run's real weight updates: every version the trainer wrote was served by inference.
+    updates = sql(
+        world,
+        "SELECT version, workers, last_served_s, write_s FROM weight_updates "
+        "WHERE run_id = {run:String} AND version > 0 ORDER BY version",
+    )
+    assert updates and all(workers >= 1 and served >= 0 for _, workers, served, _ in updates)
+    for version, _, served, _ in updates:
+        assert f"to last worker · version {version}: {number(served)}" in page
     losses = sql(
         world, "SELECT step, loss FROM train_steps FINAL WHERE run_id = {run:String} ORDER BY step"
     )

@@ -28,6 +28,8 @@ from rlbus.schemas import (
     RolloutScored,
     TokenRecord,
     TrainStep,
+    WeightLoaded,
+    WeightVersion,
     derived_id,
 )
 from rlbus.schemas.packed import pack_logprobs, pack_tokens
@@ -125,8 +127,28 @@ def build(run: str, other: str) -> Data:
                 tokens_per_s=250.0 * step,
                 staleness=hist,
                 dropped_stale=dropped,
+                metrics={"step_s": 10.0 * step, "weights_write_s": 0.5, "weights_mb": 270.0},
             )
         )
+        published = T0 + 1000 + step
+        data.events.append(
+            WeightVersion(
+                run_id=run, ts=published, version=step, uri=f"file:///w/v{step}.safetensors"
+            )
+        )
+        # version 3 is not served yet; versions 1 and 2 by two workers, 2 also after a restart
+        loads = {1: [("a", 1.25), ("b", 2.0)], 2: [("a", 0.75), ("b", 1.5), ("b", 3.0)]}
+        for n, (worker, after) in enumerate(loads.get(step, [])):
+            data.events.append(
+                WeightLoaded(
+                    run_id=run,
+                    event_id=derived_id(run, "loaded", step, n),
+                    ts=published + after,
+                    version=step,
+                    worker_id=worker,
+                    load_s=after / 2,
+                )
+            )
     for n in range(3):
         data.events.append(
             DeadLetter(
@@ -241,6 +263,23 @@ def test_throughput_per_role_and_version(filled: tuple[Store, Data]) -> None:
         events, tokens, seconds, rate = expected[(r["role"], r["policy_version"])]
         assert (r["events"], r["tokens"]) == (events, tokens)
         assert close(r["seconds"], seconds) and math.isclose(r["tokens_per_s"], rate, rel_tol=1e-6)
+
+
+def test_weight_updates_time_each_version_from_publication_to_its_last_worker(
+    filled: tuple[Store, Data],
+) -> None:
+    store, data = filled
+    got = rows(
+        store, "SELECT * FROM weight_updates WHERE run_id = {run:String} ORDER BY version", data.run
+    )
+    assert [r["version"] for r in got] == [1, 2, 3]
+    one, two, three = got
+    assert (one["workers"], one["first_served_s"], one["last_served_s"]) == (2, 1.25, 2.0)
+    assert (two["workers"], two["first_served_s"], two["last_served_s"]) == (2, 0.75, 3.0)
+    assert close(two["load_s"], 1.5) and close(two["write_s"], 0.5)
+    assert close(two["share"], (0.5 + 3.0) / 20.0) and close(two["weights_mb"], 270.0)
+    assert three["workers"] == 0 and three["last_served_s"] is None and three["share"] is None
+    assert rows(store, "SELECT * FROM weight_updates WHERE run_id = {run:String}", data.other) == []
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

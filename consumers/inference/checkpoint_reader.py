@@ -14,7 +14,9 @@ from typing import Any
 import fsspec
 import torch
 from safetensors.torch import load as load_safetensors_bytes
+from safetensors.torch import load_file as load_safetensors_file
 
+from rlbus.bus.files import is_local
 from rlbus.schemas.weights_file import FORMATS, KIND_KEY, WeightsKind
 
 
@@ -72,28 +74,40 @@ def _read(f: Any, size: int = -1) -> bytes:
     return data
 
 
+def _header(f: Any) -> bytes:
+    """A safetensors file's 8-byte header length and its JSON header, read from its start."""
+    length = _read(f, 8)
+    return length + _read(f, int.from_bytes(length, "little"))
+
+
 def weights_kind(uri: str) -> WeightsKind:
     """What a checkpoint holds, from its files' headers alone."""
     fs, files = checkpoint_files(uri)
     kinds = set()
     for file in files:
         with fs.open(file, "rb") as f:
-            length = _read(f, 8)
-            kinds.add(_kind(length + _read(f, int.from_bytes(length, "little"))))
+            kinds.add(_kind(_header(f)))
     return _one_kind(kinds, uri)
 
 
 def read_checkpoint(uri: str) -> Checkpoint:
-    """Every tensor of the checkpoint, on CPU, and what kind of weights they are."""
+    """Every tensor of the checkpoint, on CPU, and what kind of weights they are. Local files
+    are mapped, not read: the tensors' pages load as they are copied into the model, with no
+    copy of the whole file in memory first."""
     fs, files = checkpoint_files(uri)
     tensors: dict[str, torch.Tensor] = {}
     kinds: set[str] = set()
     for file in files:
-        with fs.open(file, "rb") as f:
-            raw = _read(f)
         try:
-            tensors.update(load_safetensors_bytes(raw))
-            kinds.add(_kind(raw))
+            if is_local(fs):
+                with fs.open(file, "rb") as f:
+                    kinds.add(_kind(_header(f)))
+                tensors.update(load_safetensors_file(file))
+            else:
+                with fs.open(file, "rb") as f:
+                    raw = _read(f)
+                kinds.add(_kind(raw))
+                tensors.update(load_safetensors_bytes(raw))
         except Exception as exc:  # safetensors raises its own error types for corrupt headers
             raise CheckpointError(f"cannot parse {file} from {uri}: {exc}") from exc
     return Checkpoint(tensors, _one_kind(kinds, uri))

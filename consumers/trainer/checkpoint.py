@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from safetensors.torch import save as safetensors_bytes
+from safetensors.torch import save_file as save_safetensors
 
 from rlbus.bus.files import Folder
 from rlbus.schemas.weights_file import FORMATS, KIND_KEY, WeightsKind
@@ -49,6 +49,13 @@ class WrittenWeights:
     bytes: int
     seconds: float
     """Casting, serialising and writing."""
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """No NaN or infinity in `t`, in one reading pass: any of them makes the sum non-finite
+    (finite weights cannot sum past float32's range, in which it is summed), where
+    isfinite().all() first allocates a mask of the tensor's size."""
+    return not t.is_floating_point() or bool(torch.isfinite(t.sum(dtype=torch.float32)))
 
 
 class CheckpointStore:
@@ -85,7 +92,7 @@ class CheckpointStore:
         sharing memory). Weights with a NaN or an infinity are refused: inference must never
         load them."""
         started = time.perf_counter()
-        broken = [name for name, t in tensors.items() if not bool(torch.isfinite(t).all())]
+        broken = [name for name, t in tensors.items() if not _finite(t)]
         if broken:
             raise NonFiniteWeights(
                 f"weights of version {version} hold non-finite values in {broken[:5]} "
@@ -96,17 +103,17 @@ class CheckpointStore:
                 k: t.to(self.weights_dtype) if t.is_floating_point() else t
                 for k, t in tensors.items()
             }
-        raw = safetensors_bytes(tensors, metadata={KIND_KEY: self.weights_kind})
-        self.folder.write(f"weights/v{version:06d}.safetensors", raw)
+        size = self.folder.write_file(
+            f"weights/v{version:06d}.safetensors",
+            lambda path: save_safetensors(tensors, path, metadata={KIND_KEY: self.weights_kind}),
+        )
         self._prune("weights", self.keep_weights)
-        return WrittenWeights(self.weights_uri(version), len(raw), time.perf_counter() - started)
+        return WrittenWeights(self.weights_uri(version), size, time.perf_counter() - started)
 
     def save(self, state: TrainerState, tensors: dict) -> None:
         """Save model/optimizer tensors and the trainer state, then point latest.json at them."""
         rel = f"state/step-{state.step:06d}"
-        buf = io.BytesIO()
-        torch.save(tensors, buf)
-        self.folder.write(f"{rel}/state.pt", buf.getvalue())
+        self.folder.write_file(f"{rel}/state.pt", lambda path: torch.save(tensors, path))
         self.folder.write(
             f"{rel}/meta.json",
             json.dumps({"step": state.step, "batch_ids": state.batch_ids}).encode(),

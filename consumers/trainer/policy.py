@@ -133,19 +133,31 @@ def published_weights(model: nn.Module, kind: WeightsKind) -> dict[str, torch.Te
 
 
 def token_logprobs(model: nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, T] log-probs of each token given the tokens before it, under logits / temperature
-    (position 0 has no prefix: 0), and the entropy of that distribution at the loss positions
-    only ([n], no grad: over every position it costs as much as the loss itself)."""
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()
-    logits = logits / mb.temperature.to(logits.device)[:, None, None]
-    log_dist = torch.log_softmax(logits, dim=-1)
-    targets = mb.input_ids[:, 1:].to(logits.device)
-    picked = log_dist.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    """[B, T] log-probs of each loss token given the tokens before it, under logits /
+    temperature (0 where a token has no loss: nothing reads those), and the entropy of that
+    distribution at the loss positions ([n], no grad).
+
+    The head, the float copy and the log-softmax run only at the positions that predict a loss
+    token: over a chat prompt they are a [tokens x vocabulary] tensor that no loss reads (with a
+    49k vocabulary and a prompt longer than the answer, most of a step's head compute and
+    memory)."""
+    scored = mb.loss_mask[:, 1:] > 0
+    # position i predicts token i + 1: keep the positions before each loss token
+    keep = torch.nn.functional.pad(scored, (0, 1))
+    logits = model(
+        input_ids=mb.input_ids,
+        attention_mask=mb.attention_mask,
+        logits_to_keep=keep.to(mb.input_ids.device),
+    ).logits.float()  # [n, V]: the kept positions, row-major
+    rows = scored.nonzero()[:, 0].to(logits.device)
+    log_dist = torch.log_softmax(logits / mb.temperature.to(logits.device)[rows, None], dim=-1)
+    targets = mb.input_ids[:, 1:][scored].to(logits.device)
+    picked = log_dist.gather(-1, targets[:, None]).squeeze(-1)
     with torch.no_grad():
-        at_loss = log_dist[mb.loss_mask[:, 1:].to(logits.device) > 0]
-        entropy = -(at_loss.exp() * at_loss).sum(-1)
-    zero = torch.zeros(picked.shape[0], 1, device=picked.device)
-    return torch.cat([zero, picked], dim=1), entropy
+        entropy = -(log_dist.exp() * log_dist).sum(-1)
+    out = torch.zeros(mb.input_ids.shape, dtype=picked.dtype, device=picked.device)
+    shifted = torch.nn.functional.pad(scored, (1, 0)).to(picked.device)
+    return out.masked_scatter(shifted, picked), entropy
 
 
 def save_model(model: nn.Module, out: str | Path, source: str | Path) -> None:

@@ -27,7 +27,8 @@ def series(rows: list[dict[str, Any]], x: str, columns: dict[str, str]) -> list[
 
 
 def run_figures(data: dict[str, list[dict[str, Any]]]) -> dict[str, Figure]:
-    """A run's curves: reward, held-out evaluation, loss, staleness, drops and throughput."""
+    """A run's curves: reward, held-out evaluation, loss, staleness, drops, throughput and weight
+    updates."""
     reward, steps, stale = data["reward"], data["steps"], data["staleness"]
     throughput = {
         role: [
@@ -90,5 +91,18 @@ def run_figures(data: dict[str, list[dict[str, Any]]]) -> dict[str, Figure]:
             "tokens/s",
             "version",
             [Series(role, points) for role, points in throughput.items()],
+        ),
+        "weights": Figure(
+            "weight update (s)",
+            "version",
+            series(
+                data["weights"],
+                "version",
+                {
+                    "write_s": "trainer write",
+                    "first_served_s": "published to first worker serving",
+                    "last_served_s": "to last worker",
+                },
+            ),
         ),
     }

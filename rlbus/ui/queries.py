@@ -108,6 +108,7 @@ RUN_CURVES = {
     ),
     "staleness": f"SELECT * FROM staleness {RUN_WHERE} ORDER BY step",
     "throughput": f"SELECT * FROM throughput {RUN_WHERE} ORDER BY role, policy_version",
+    "weights": f"SELECT * FROM weight_updates {RUN_WHERE} ORDER BY version",
     "drops": (
         "SELECT step, dropped_stale, metrics['dropped_zero_signal'] AS dropped_zero_signal, "
         "metrics['dropped_too_long'] AS dropped_too_long, "

@@ -119,10 +119,19 @@ def test_the_trainer_never_steps_on_a_non_finite_loss_nor_an_empty_batch(
     assert all(torch.isfinite(v).all() for v in moved.values())
 
 
-def test_non_finite_weights_are_never_written(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "bad", [[1.0, math.nan], [math.inf, 2.0], [-math.inf, math.inf]], ids=["nan", "inf", "+-inf"]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_non_finite_weights_are_never_written(
+    tmp_path: Path, bad: list[float], dtype: torch.dtype
+) -> None:
     from rlbus.consumers.trainer.checkpoint import CheckpointStore, NonFiniteWeights
 
     store = CheckpointStore(str(tmp_path / "ckpt"))
+    weights = {"layer.weight": torch.tensor(bad, dtype=dtype), "ok": torch.ones(2, dtype=dtype)}
     with pytest.raises(NonFiniteWeights, match="non-finite values in \\['layer.weight'\\]"):
-        store.write_weights(1, {"layer.weight": torch.tensor([1.0, math.nan]), "ok": torch.ones(2)})
+        store.write_weights(1, weights)
     assert not store.has_weights(1)
+    large = {"layer.weight": torch.full((1000,), 1e30, dtype=dtype)}  # finite, however large
+    assert store.write_weights(2, large).bytes > 0
