@@ -14,8 +14,9 @@ from rlbus.producers.environment.loader import ENV_FILE, read_env_table
 
 
 def env_file(
-    entry: EnvEntry, name: str, base_dir: Path, out_dir: Path, model: str, base_url: str
+    entry: EnvEntry, name: str, base_dir: Path, out_dir: Path, model: str, urls: list[str]
 ) -> Path:
+    """`urls`: the run's inference replicas (/v1 URLs), the first as model.base_url."""
     path = Path(entry.path) if Path(entry.path).is_absolute() else base_dir / entry.path
     source = path / ENV_FILE if path.is_dir() else path
     table = read_env_table(source)
@@ -24,7 +25,8 @@ def env_file(
         table["taskset"] = str((source.parent / taskset).resolve()) + (f":{attr}" if attr else "")
     model_cfg = {
         "name": Path(model).name,
-        "base_url": base_url,
+        "base_url": urls[0],
+        "replica_urls": urls[1:],
         "mode": "train",
         "tokenizer": str(Path(model).resolve()),
     }
