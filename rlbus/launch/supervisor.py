@@ -125,7 +125,10 @@ class LocalRun:
         inference = self.cfg.inference
         cpus = os.cpu_count() or 1
         env = thread_env(role_threads(role, inference.threads, cpus, inference.replicas))
-        process = RoleProcess(role, settings, self.run_dir / "logs", args, env)
+        # env.log, then env-2.log...: each process of a role its own log.
+        same = sum(p.role == role for p in self.processes)
+        name = f"{role}-{same + 1}" if same else role
+        process = RoleProcess(role, settings, self.run_dir / "logs", args, env, name)
         self.processes.append(process)
         return process
 
