@@ -63,8 +63,9 @@ ROLES = ("env", "judge", "orchestrator", "trainer", "inference", "sink")
 """In the order they are killed. The sink goes last: training goes on without it, unseen (steps
 are read from the store), and a sink's rejoin takes the broker ~20 s, in which a tiny run can
 pass its last step; every other role's restart holds the run up instead."""
-ROLES_AT_N = ("env", "judge", "inference", "sink", "orchestrator")
-"""With N of each: one instance of each killed, in this order, none restarted."""
+ROLES_AT_N = ("orchestrator", "env", "judge", "inference", "sink")
+"""With N of each: one instance of each killed, in this order, none restarted (the sink last,
+for the reason above: the run goes on unseen while a standby takes the store over)."""
 LEADS = "leading run"
 """What an orchestrator logs when it becomes the run's leader."""
 finished = threading.Event()
@@ -288,11 +289,15 @@ def training_at_n(workdir: Path, model: Path, steps: int, replicas: int) -> Tall
     survived: list[str] = []
     with local_broker(cfg.base()) as (base, _):
         try:
-            run.start_roles(base)
+            roles = run.start_roles(base)
+
+            def ended() -> bool:
+                return any(p.proc.poll() == 0 for p in roles.orchestrators)
+
             wait_for(lambda: step_of(base, cfg.run_id) >= 1, 600, "the first step")
             for role in ROLES_AT_N:
                 before = step_of(base, cfg.run_id)
-                if before >= cfg.max_steps:
+                if before >= cfg.max_steps or ended():
                     console.print(f"step {before}: the run ended before {role} could be killed")
                     break
                 process = victim(role, run.processes, base)
@@ -300,17 +305,25 @@ def training_at_n(workdir: Path, model: Path, steps: int, replicas: int) -> Tall
                 process.kill()
                 goal = min(cfg.max_steps, before + 1)
                 wait_for(
-                    lambda goal=goal: step_of(base, cfg.run_id) >= goal,
+                    lambda goal=goal: ended() or step_of(base, cfg.run_id) >= goal,
                     600,
                     f"step {goal} after one {role} died",
                 )
                 survived.append(role)
-            orchestrators = [p for p in run.processes if p.role == "orchestrator" and p.alive()]
-            wait_for(lambda: any(p.proc.poll() == 0 for p in orchestrators), 900, "the run's end")
+            wait_for(ended, 900, "the run's end")
             tally = settle(base, cfg, steps)
         finally:
             run.stop()
     tally.survived = survived
+    # What the env producers that lived to the end counted (each logs it when it stops).
+    retried = [
+        line.partition(" INFO ")[2]
+        for p in run.processes
+        if p.role == "env"
+        for line in p.log_path.read_text(errors="replace").splitlines()
+        if "made again on another inference replica" in line
+    ]
+    tally.note = "; ".join(retried)
     return tally
 
 
@@ -469,6 +482,8 @@ def show(tally: Tally) -> None:
         table.add_column(name, justify="right")
     table.add_row(*map(str, figures.values()), ", ".join(tally.survived))
     console.print(table)
+    if tally.note:
+        console.print(tally.note, markup=False)
 
 
 def main() -> None:

@@ -66,12 +66,13 @@ class Roster:
         """By worker id."""
 
     def heard(self, loaded: WeightLoaded, at: float) -> None:
-        """`loaded` was published (again) at `at`: the worker serves that version now. A
-        worker's announcements arrive in the order it made them (one partition per run)."""
+        """`loaded` was published (again) at `at`: the worker serves that version now, unless
+        a later announcement of it was heard already (the same one may come by two ways)."""
         known = self.replicas.get(loaded.worker_id)
-        heard_at = max(at, known.heard_at) if known else at
+        if known is not None and at < known.heard_at:
+            return
         self.replicas[loaded.worker_id] = Announced(
-            normal_url(loaded.url), loaded.worker_id, loaded.version, heard_at
+            normal_url(loaded.url), loaded.worker_id, loaded.version, at
         )
 
     def live(self, now: float | None = None) -> list[Announced]:

@@ -49,6 +49,7 @@ def test_a_version_counts_as_served_once_enough_live_replicas_serve_it() -> None
     roster.heard(loaded("w2", 2, B), at=103.0)
     assert roster.served(now=104.0) == 2
     roster.heard(loaded("w2", 4, B), at=104.0)
+    roster.heard(loaded("w2", 2, B), at=103.5)  # an older one, read late: changes nothing
     assert roster.served(now=104.5) == 4
     assert [r.worker_id for r in roster.live(now=104.5)] == ["w2"]
     assert (roster.version_of(B, now=104.5), roster.version_of(A, now=104.5)) == (4, None)

@@ -158,10 +158,6 @@ class Orchestrator:
         async with self._turn:
             await self.advance()
 
-    def heard(self, loaded: WeightLoaded, at: float) -> None:
-        """An inference replica's announcement (bus.announcements)."""
-        self.roster.heard(loaded, at)
-
     def _count_served(self) -> None:
         served = self.roster.served(self.served_by)
         if served is not None and served > self.served:
@@ -368,7 +364,9 @@ async def run_orchestrator(
     helpers = [
         asyncio.create_task(watch()),
         asyncio.create_task(ticking()),
-        asyncio.create_task(follow_announcements(bus, run_id, orchestrator.heard, consumer_stop)),
+        asyncio.create_task(
+            follow_announcements(bus, run_id, orchestrator.roster.heard, consumer_stop)
+        ),
     ]
     try:
         published = await read_back(bus, "batches", run_id)
