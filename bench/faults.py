@@ -228,6 +228,8 @@ def run_config(
         "--orchestrator.eval-every", "0",
         "--trainer.checkpoint-url", str(workdir / "checkpoints" / run_id),
         "--kafka.announce-every-s", "1",
+        # A trainer killed before its first checkpoint has nothing to resume from.
+        "--trainer.checkpoint-every", "2",
         *at_n(replicas),
     ]  # fmt: skip
     return EXAMPLE / "rl.toml", overrides
