@@ -17,7 +17,6 @@ the orchestrator's batches carry ids derived from their step, which the trainer 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -125,14 +124,20 @@ class Leadership(ConsumerRebalanceListener):
             self.lost.set()
 
     async def acquired(self, stop: asyncio.Event) -> bool:
-        """Wait until this process leads (True) or `stop` is set (False)."""
+        """Wait until this process leads (True) or `stop` is set (False); raises what stopped
+        its membership, if that failed."""
+        assert self._polling is not None, "use `async with Leadership(...)`"
         gained = asyncio.create_task(self.gained.wait())
         stopped = asyncio.create_task(stop.wait())
         try:
-            await asyncio.wait({gained, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {gained, stopped, self._polling}, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             gained.cancel()
             stopped.cancel()
+        if self._polling.done():
+            self._polling.result()
         return self.gained.is_set()
 
     async def __aenter__(self) -> Leadership:
@@ -152,16 +157,22 @@ class Leadership(ConsumerRebalanceListener):
         return self
 
     async def _poll(self, consumer: AIOKafkaConsumer) -> None:
-        """Membership needs a poll now and then (max.poll.interval.ms); nothing is read."""
-        while True:
-            consumer.pause(*consumer.assignment())
-            await consumer.getmany(timeout_ms=500)
+        """Membership needs a poll now and then (max.poll.interval.ms); nothing is read. A
+        consumer that fails is no member any more: leadership is lost with it."""
+        try:
+            while True:
+                consumer.pause(*consumer.assignment())
+                await consumer.getmany(timeout_ms=500)
+        except Exception:
+            log.exception("%s: the leadership consumer failed", self.group)
+            self.on_partitions_assigned([])
+            raise
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._polling is not None:
-            self._polling.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._polling
-        if self._consumer is not None:
+        polling, consumer, self._polling, self._consumer = self._polling, self._consumer, None, None
+        if polling is not None:
+            polling.cancel()
+            await asyncio.gather(polling, return_exceptions=True)
+        if consumer is not None:
             # Leaves the group: a standby takes over at the next rebalance, not after a timeout.
-            await self._consumer.stop()
+            await consumer.stop()
