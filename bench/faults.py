@@ -9,20 +9,28 @@ counted with SQL over the store, exactly.
 3. the broker: `rlbus run` as a command, its embedded broker SIGKILLed: it must stop naming what
    was lost (acknowledged by the broker, not in the store), and `--resume` must finish the run.
 
+With `--replicas N` (N > 1) parts 1 and 2 run N of every role that scales (env producers,
+judges, sinks, inference replicas) and a standby orchestrator; one instance of each, and the
+leading orchestrator, is SIGKILLed mid-run and not restarted: the others carry the run. (The
+trainer, one per run, is killed only in the one-of-each mode; part 3 is the same at any N and
+runs only there.) Also measured: the longest time no rollout was scored.
+
 Counted per part: tasks published whose groups never completed, rollouts never scored,
 trained samples whose rollout is not stored, steps missing or trained on nothing, ids stored
 with two contents (the conflicts view).
 
-    python bench/faults.py [--steps 16] [--tasks 64] [--workdir DIR]
+    python bench/faults.py [--steps 16] [--tasks 64] [--workdir DIR] [--replicas N]
 
 Last line: RESULT lost=<n> conflicts=<n> empty_steps=<n> roles_survived=<k>/6
-broker_loss_reported=<0|1>
+broker_loss_reported=<0|1>; with --replicas N > 1:
+RESULT lost=<n> conflicts=<n> empty_steps=<n> stalled_s=<longest time no rollout was scored>
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
@@ -38,8 +46,9 @@ from rich.table import Table
 
 from rlbus.bus import Bus
 from rlbus.bus.store import open_store
+from rlbus.bus.store.holder import holder_pid
 from rlbus.bus.waiting import wait_for
-from rlbus.config import Settings, load_settings, settings_env
+from rlbus.config import Settings, data_dir, load_settings, settings_env
 from rlbus.config.runs import RunConfig, load_run_config
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.discovery import local_broker, store_served_elsewhere
@@ -54,6 +63,11 @@ ROLES = ("env", "judge", "orchestrator", "trainer", "inference", "sink")
 """In the order they are killed. The sink goes last: training goes on without it, unseen (steps
 are read from the store), and a sink's rejoin takes the broker ~20 s, in which a tiny run can
 pass its last step; every other role's restart holds the run up instead."""
+ROLES_AT_N = ("orchestrator", "env", "judge", "inference", "sink")
+"""With N of each: one instance of each killed, in this order, none restarted (the sink last,
+for the reason above: the run goes on unseen while a standby takes the store over)."""
+LEADS = "leading run"
+"""What an orchestrator logs when it becomes the run's leader."""
 finished = threading.Event()
 """Set between parts, when no process of the suite holds a store."""
 console = Console()
@@ -72,6 +86,8 @@ class Tally:
     empty_steps: int = 0
     conflicts: int = 0
     survived: list[str] = field(default_factory=list)
+    stalled_s: float = 0.0
+    """The longest time between two scores of the part's rollouts."""
     note: str = ""
 
     @property
@@ -124,6 +140,16 @@ def settled(settings: Settings, run: str, tasks: list[TaskPublished], group_size
     tally.conflicts = count(
         settings, "SELECT count() FROM conflicts WHERE run_id = {r:String}", r=run
     )
+    scored_at = [
+        r[0]
+        for r in query(
+            settings,
+            "SELECT toFloat64(min(ts)) FROM scored FINAL WHERE run_id = {r:String} "
+            "GROUP BY rollout_id ORDER BY 1",
+            r=run,
+        )
+    ]
+    tally.stalled_s = max((b - a for a, b in itertools.pairwise(scored_at)), default=0.0)
     return tally
 
 
@@ -174,7 +200,23 @@ def step_of(settings: Settings, run: str) -> int:
     return count(settings, "SELECT max(step) FROM train_steps WHERE run_id = {r:String}", r=run)
 
 
-def run_config(workdir: Path, model: Path, steps: int, run_id: str) -> tuple[Path, list[str]]:
+def at_n(replicas: int) -> list[str]:
+    """Overrides for `replicas` of every role that scales, and a standby orchestrator."""
+    if replicas == 1:
+        return []
+    n = str(replicas)
+    return [
+        "--inference.replicas", n,
+        "--sinks", n,
+        "--envs.reverse_text.producers", n,
+        "--envs.reverse_text.judges", n,
+        "--orchestrator.standbys", str(replicas - 1),
+    ]  # fmt: skip
+
+
+def run_config(
+    workdir: Path, model: Path, steps: int, run_id: str, replicas: int = 1
+) -> tuple[Path, list[str]]:
     """The reverse_text recipe, small: a config file and the overrides every role gets."""
     overrides = [
         "--run-id", run_id,
@@ -186,6 +228,9 @@ def run_config(workdir: Path, model: Path, steps: int, run_id: str) -> tuple[Pat
         "--orchestrator.eval-every", "0",
         "--trainer.checkpoint-url", str(workdir / "checkpoints" / run_id),
         "--kafka.announce-every-s", "1",
+        # A trainer killed before its first checkpoint has nothing to resume from.
+        "--trainer.checkpoint-every", "2",
+        *at_n(replicas),
     ]  # fmt: skip
     return EXAMPLE / "rl.toml", overrides
 
@@ -225,6 +270,65 @@ def training_under_faults(workdir: Path, model: Path, steps: int) -> Tally:
     return tally
 
 
+def victim(role: str, processes: list[RoleProcess], settings: Settings) -> RoleProcess:
+    """The instance of `role` to kill: the sink holding the store and the leading orchestrator
+    (killing a standby would prove nothing), else the first one alive."""
+    alive = [p for p in processes if p.role == role and p.alive()]
+    if role == "sink":
+        holder = holder_pid(data_dir(settings).resolve())
+        return next(p for p in alive if p.proc.pid == holder)
+    if role == "orchestrator":
+        return next(p for p in alive if LEADS in p.log_path.read_text(errors="replace"))
+    return alive[0]
+
+
+def training_at_n(workdir: Path, model: Path, steps: int, replicas: int) -> Tally:
+    """Part 1 at N: one instance of each scaled role, and the leading orchestrator, SIGKILLed
+    while the run goes on; the others carry it to its last step."""
+    config, overrides = run_config(workdir, model, steps, "faults-train-n", replicas)
+    cfg = load_run_config(config, overrides)
+    run = LocalRun(cfg, config, overrides, resume=False, console=console)
+    survived: list[str] = []
+    with local_broker(cfg.base()) as (base, _):
+        try:
+            roles = run.start_roles(base)
+
+            def ended() -> bool:
+                return any(p.proc.poll() == 0 for p in roles.orchestrators)
+
+            wait_for(lambda: step_of(base, cfg.run_id) >= 1, 600, "the first step")
+            for role in ROLES_AT_N:
+                before = step_of(base, cfg.run_id)
+                if before >= cfg.max_steps or ended():
+                    console.print(f"step {before}: the run ended before {role} could be killed")
+                    break
+                process = victim(role, run.processes, base)
+                console.print(f"step {before}: SIGKILL one {role} (process {process.proc.pid})")
+                process.kill()
+                goal = min(cfg.max_steps, before + 1)
+                wait_for(
+                    lambda goal=goal: ended() or step_of(base, cfg.run_id) >= goal,
+                    600,
+                    f"step {goal} after one {role} died",
+                )
+                survived.append(role)
+            wait_for(ended, 900, "the run's end")
+            tally = settle(base, cfg, steps)
+        finally:
+            run.stop()
+    tally.survived = survived
+    # What the env producers that lived to the end counted (each logs it when it stops).
+    retried = [
+        line.partition(" INFO ")[2]
+        for p in run.processes
+        if p.role == "env"
+        for line in p.log_path.read_text(errors="replace").splitlines()
+        if "made again on another inference replica" in line
+    ]
+    tally.note = "; ".join(retried)
+    return tally
+
+
 def settle(settings: Settings, cfg: RunConfig, steps: int) -> Tally:
     """Once the groups still on their way have landed: the run's tally."""
     group_size = cfg.envs["reverse_text"].overrides.get("group_size", 1)
@@ -249,18 +353,20 @@ async def publish(settings: Settings, tasks: list[TaskPublished]) -> None:
             await asyncio.sleep(0.25)  # a stream, so the kills land in the middle of it
 
 
-def eval_under_faults(workdir: Path, n_tasks: int, base: Settings) -> Tally:
-    """Part 2: an eval pipeline's sink, env producer and judge each killed once mid-stream."""
+def eval_under_faults(workdir: Path, n_tasks: int, base: Settings, replicas: int = 1) -> Tally:
+    """Part 2: an eval pipeline's sink, env producer and judge each killed once mid-stream;
+    restarted when they are the only one, left dead when `replicas` of each run."""
     run_id = "faults-eval"
     settings = base.model_copy(update={"run_id": run_id})
     logs = workdir / "eval-logs"
     with ScriptedServer() as upstream:
         env_args = [str(EXAMPLE), "--model", "scripted", "--base-url", f"{upstream.url}/v1"]
-        processes = {
-            "sink": RoleProcess("sink", settings, logs),
-            "env": RoleProcess("env", settings, logs, env_args),
-            "judge": RoleProcess("judge", settings, logs, [str(EXAMPLE)]),
-        }
+        args = {"sink": [], "env": env_args, "judge": [str(EXAMPLE)]}
+        processes = [
+            RoleProcess(role, settings, logs, role_args, name=f"{role}-{k}")
+            for role, role_args in args.items()
+            for k in range(1, replicas + 1)
+        ]
         try:
             tasks = [
                 TaskPublished(
@@ -273,10 +379,12 @@ def eval_under_faults(workdir: Path, n_tasks: int, base: Settings) -> Tally:
             for k, role in enumerate(("env", "judge", "sink")):
                 target = (k + 1) * n_tasks // 5
                 wait_for(lambda t=target: count(settings, landed, r=run_id) >= t, 600, "scores")
-                console.print(f"eval: SIGKILL {role} (process {processes[role].proc.pid})")
-                processes[role].kill()
-                time.sleep(2)
-                processes[role].restart()
+                process = victim(role, processes, settings)
+                console.print(f"eval: SIGKILL {role} (process {process.proc.pid})")
+                process.kill()
+                if replicas == 1:
+                    time.sleep(2)
+                    process.restart()
             publishing.wait(600)
             tally = Tally(run_id)
             group_size = 4  # examples/reverse_text/env.toml
@@ -292,7 +400,7 @@ def eval_under_faults(workdir: Path, n_tasks: int, base: Settings) -> Tally:
             tally = settled(settings, run_id, tasks, group_size)
             tally.survived = ["env", "judge", "sink"]
         finally:
-            for process in processes.values():
+            for process in processes:
                 process.stop()
     return tally
 
@@ -370,11 +478,14 @@ def show(tally: Tally) -> None:
         "missing steps": tally.missing_steps,
         "empty steps": tally.empty_steps,
         "conflicts": tally.conflicts,
+        "longest without a score (s)": f"{tally.stalled_s:.1f}",
     }
     for name in (*figures, "roles killed and back"):
         table.add_column(name, justify="right")
     table.add_row(*map(str, figures.values()), ", ".join(tally.survived))
     console.print(table)
+    if tally.note:
+        console.print(tally.note, markup=False)
 
 
 def main() -> None:
@@ -383,8 +494,13 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=64, help="eval tasks of part 2")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--parts", default="train,eval,broker", help="which parts to run")
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="instances of each role that scales (parts 1, 2)"
+    )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
+    if args.replicas > 1:
+        parts.discard("broker")
     train = evals = Tally("skipped")
     reported = resumed = False
     with tempfile.TemporaryDirectory() as tmp:
@@ -394,7 +510,10 @@ def main() -> None:
             init_model(model, seed=0)
         started = time.monotonic()
         if "train" in parts:
-            train = training_under_faults(workdir / "train", model, args.steps)
+            if args.replicas > 1:
+                train = training_at_n(workdir / "train", model, args.steps, args.replicas)
+            else:
+                train = training_under_faults(workdir / "train", model, args.steps)
             show(train)
         if "eval" in parts:
             eval_settings = load_settings(
@@ -404,7 +523,7 @@ def main() -> None:
                 }
             )
             with local_broker(eval_settings) as (base, _):
-                evals = eval_under_faults(workdir / "eval", args.tasks, base)
+                evals = eval_under_faults(workdir / "eval", args.tasks, base, args.replicas)
             show(evals)
         if "broker" in parts:
             (workdir / "broker").mkdir(parents=True, exist_ok=True)
@@ -413,6 +532,13 @@ def main() -> None:
         console.print(f"fault suite: {time.monotonic() - started:.0f} s")
     lost = train.lost + evals.lost
     conflicts = train.conflicts + evals.conflicts
+    if args.replicas > 1:
+        stalled = max(train.stalled_s, evals.stalled_s)
+        print(
+            f"RESULT lost={lost} conflicts={conflicts} empty_steps={train.empty_steps} "
+            f"stalled_s={stalled:.1f}"
+        )
+        return
     survived = sum(role in train.survived for role in ROLES)
     print(
         f"RESULT lost={lost} conflicts={conflicts} empty_steps={train.empty_steps} "

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -15,11 +17,12 @@ if TYPE_CHECKING:
     from rlbus.bus.bus import Bus
 
 
-async def read_records(bus: Bus, topic: str, poll_ms: int = 500) -> list[ConsumerRecord]:
-    """Every record on `topic` (unprefixed), oldest first per partition, up to its end when
-    called: every partition read past the end offset it reported then. What is appended
-    meanwhile is not waited for (a busy topic would never end). The embedded broker may report
-    a partition's end as its last batch's first offset + 1: a fetch brings that batch whole."""
+@contextlib.asynccontextmanager
+async def from_start(
+    bus: Bus, topic: str
+) -> AsyncIterator[tuple[AIOKafkaConsumer, list[TopicPartition]]]:
+    """A consumer of every partition of `topic` (unprefixed), outside any consumer group,
+    positioned at each partition's start."""
     name = bus.topics.name(topic)
     await bus.topics.ensure([topic])
     consumer = AIOKafkaConsumer(
@@ -30,11 +33,22 @@ async def read_records(bus: Bus, topic: str, poll_ms: int = 500) -> list[Consume
         await consumer.topics()  # metadata, so the partitions are known
         tps = [TopicPartition(name, p) for p in sorted(consumer.partitions_for_topic(name) or ())]
         consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
         # An explicit seek to each start offset: seek_to_beginning only requests a reset, which
         # the reset that assign() started (to the latest offset, by default) could overtake.
         for tp, start in (await consumer.beginning_offsets(tps)).items():
             consumer.seek(tp, start)
+        yield consumer, tps
+    finally:
+        await consumer.stop()
+
+
+async def read_records(bus: Bus, topic: str, poll_ms: int = 500) -> list[ConsumerRecord]:
+    """Every record on `topic` (unprefixed), oldest first per partition, up to its end when
+    called: every partition read past the end offset it reported then. What is appended
+    meanwhile is not waited for (a busy topic would never end). The embedded broker may report
+    a partition's end as its last batch's first offset + 1: a fetch brings that batch whole."""
+    async with from_start(bus, topic) as (consumer, tps):
+        ends = await consumer.end_offsets(tps)
         records: list[ConsumerRecord] = []
         behind = {tp for tp in tps if ends[tp] > 0}
         while behind:
@@ -43,8 +57,6 @@ async def read_records(bus: Bus, topic: str, poll_ms: int = 500) -> list[Consume
                 records.extend(batch)  # past the reported end too: newer is never wrong here
             behind = {tp for tp in behind if await consumer.position(tp) < ends[tp]}
         return records
-    finally:
-        await consumer.stop()
 
 
 async def read_back(bus: Bus, topic: str, run_id: str) -> list[Event]:

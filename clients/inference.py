@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
 import aiohttp
@@ -62,7 +62,7 @@ class InferenceClient:
 
     async def generate_stream(
         self, prompt_ids: list[int], sampling: SamplingParams
-    ) -> AsyncIterator[Delta | GenerateResult]:
+    ) -> AsyncGenerator[Delta | GenerateResult]:
         """Deltas as the server samples them, then the GenerateResult as the last item."""
         request = GenerateRequest(prompt_ids=prompt_ids, sampling=sampling, stream=True)
         url = self.base_url + "/generate"

@@ -1,19 +1,27 @@
 """`rlbus worker env`: an env producer. Consumes `tasks` for its environment, runs each task's
 group of rollouts, and publishes every rollout's trace nodes, token records and the rollouts,
-a group at a time (so a judge gets the group in one piece)."""
+a group at a time (so a judge gets the group in one piece). In train mode it follows the run's
+inference replicas as they announce themselves (bus.announcements), to route rollouts to them."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 from rlbus.bus import Bus, Delivery
+from rlbus.bus.announcements import follow_announcements
+from rlbus.clients.replicas import Roster
 from rlbus.config import Settings
 from rlbus.producers.environment.loader import Environment
-from rlbus.producers.interception import InterceptionServer
+from rlbus.producers.interception import InterceptionServer, TokenBackend
 from rlbus.producers.rollouts import RolloutRunner, trace_parents
 from rlbus.schemas import TaskPublished, group_of
+
+log = logging.getLogger(__name__)
 
 
 def group_name(env: Environment, run_id: str) -> str:
@@ -80,7 +88,13 @@ async def run(
 ) -> EnvProducer:
     """Run until `stop` is set. `renderer` (train mode) overrides the one built from
     model.tokenizer; `run_envs` are the run's environments (see EnvProducer)."""
-    async with Bus.of(settings) as bus, InterceptionServer.of(env.config, renderer) as server:
+    train = env.config.model.mode == "train"
+    roster = Roster(settings.kafka.announce_every_s) if train else None
+    async with (
+        Bus.of(settings) as bus,
+        InterceptionServer.of(env.config, renderer, roster) as server,
+        following(bus, settings.run_id, roster),
+    ):
         producer = EnvProducer(env, bus, RolloutRunner(env, server), run_envs)
         # Tasks in flight: enough to keep max_concurrent_rollouts busy at the configured group size.
         concurrency = max(1, env.config.max_concurrent_rollouts // env.config.group_size)
@@ -92,4 +106,27 @@ async def run(
         )(producer.handle)
         producer.skipped = consume.other_runs
         await consume.run(stop)
+        replicas = server.backend.replicas if isinstance(server.backend, TokenBackend) else None
+        if replicas is not None and (replicas.retried or replicas.behind):
+            log.info(
+                "%d model calls made again on another inference replica; %d sent to a replica "
+                "behind their task's version",
+                replicas.retried,
+                replicas.behind,
+            )
     return producer
+
+
+@contextlib.asynccontextmanager
+async def following(bus: Bus, run_id: str, roster: Roster | None) -> AsyncIterator[None]:
+    """While inside: `roster` hears the run's inference replicas (nothing to do without one)."""
+    if roster is None:
+        yield
+        return
+    done = asyncio.Event()
+    task = asyncio.create_task(follow_announcements(bus, run_id, roster.heard, done))
+    try:
+        yield
+    finally:
+        done.set()
+        await asyncio.gather(task, return_exceptions=True)

@@ -131,7 +131,7 @@ class RolloutRunner:
         timeout_s = env.config.harness.timeout_s
         async with self.slots:
             started = time.monotonic()
-            with self.server.session(rollout_id) as session:
+            with self.server.session(rollout_id, task.min_policy_version) as session:
                 try:
                     async with self.runtime.sandbox(rollout_id) as sandbox:
                         rollout = Rollout(task, prompt, session, sandbox, env, state)

@@ -68,6 +68,10 @@ class TaskPublished(Event, kw_only=True):
     group_size: GroupSize = 0
     """Rollouts to run for this task; 0 means the environment's configured default."""
     split: str = "train"
+    min_policy_version: Int64 = 0
+    """Sample with weights of at least this version: what the orchestrator counted as served
+    when it published the task. Env producers route the task's rollouts to inference replicas
+    serving it (a replica behind it is skipped while another serves it). 0: any."""
 
 
 class RolloutEvent(Event, kw_only=True):
@@ -145,6 +149,9 @@ class TokenRecord(Event, kw_only=True):
     policy_version: Int64 = 0
     """The weights version that sampled the completion's first token, as the inference server
     said; UNKNOWN_POLICY_VERSION (-1) for an endpoint that does not say (any but rlbus's)."""
+    replica: str = ""
+    """The /v1 URL of the inference replica that answered the call (train mode; '' otherwise):
+    with several replicas, which one sampled these tokens."""
     finish_reason: str = ""
     duration_s: float = 0.0
     """Seconds the model call took (the backend's answer, not the harness around it); `ts` is
@@ -230,6 +237,10 @@ class WeightLoaded(Event, kw_only=True):
     worker_id: str
     load_s: float = 0.0
     uri: str = ""
+    url: str = ""
+    """The worker's /v1 URL as env producers reach it: how they find the replicas of a run
+    (the worker re-publishes this event while it serves, so the announcement is also its
+    heartbeat). '' from workers that do not say."""
 
 
 class TrainStep(Event, kw_only=True):

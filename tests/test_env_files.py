@@ -27,7 +27,7 @@ def test_every_path_form_gives_an_environment_with_the_runs_model(
     tmp_path: Path, path: str, taskset: str
 ) -> None:
     entry = EnvEntry(path=path, overrides={"group_size": 3})
-    written = env_file(entry, "mine", EXAMPLES, tmp_path, "models/m", "http://127.0.0.1:1/v1")
+    written = env_file(entry, "mine", EXAMPLES, tmp_path, "models/m", ["http://127.0.0.1:1/v1"])
     env = load_environment(str(written))
     assert type(env.taskset).__name__ == taskset
     assert env.id == "mine" and env.config.group_size == 3

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlbus.bus.store import open_store
+from rlbus.bus.store import Store, open_store
 from rlbus.consumers.inference.model_init import init_model
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
@@ -87,3 +87,69 @@ def test_roles_of_a_local_run_split_the_cores_between_inference_and_trainer() ->
         timeout=120,
     )
     assert child.stdout.strip() == "1", child.stderr
+
+
+def loads_by_replica(store: Store, run: str) -> dict[str, list[tuple[int, float]]]:
+    """Each replica's loads, (version, when), oldest version first."""
+    rows = store.query(
+        "SELECT url, version, min(ts) FROM weights_loaded FINAL WHERE run_id = {r:String} "
+        "GROUP BY url, version ORDER BY url, version",
+        {"r": run},
+    ).rows
+    loads: dict[str, list[tuple[int, float]]] = {}
+    for url, version, at in rows:
+        loads.setdefault(url, []).append((version, at.timestamp()))
+    return loads
+
+
+@pytest.mark.slow
+def test_rlbus_run_spreads_rollouts_over_inference_replicas_and_records_each_version(
+    tmp_path: Path,
+) -> None:
+    model = tmp_path / "tiny"
+    init_model(model, seed=0)
+    done = rlbus_run(
+        tmp_path,
+        model,
+        "--max-steps",
+        "3",
+        "--inference.replicas",
+        "2",
+        "--envs.reverse_text.producers",
+        "2",
+        "--kafka.announce-every-s",
+        "1",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open_store(f"chdb://{tmp_path / 'store'}", read_only=True) as store:
+        served = dict(
+            store.query(
+                "SELECT replica, uniqExact(rollout_id) FROM tokens FINAL WHERE run_id = 'cli' "
+                "GROUP BY replica"
+            ).rows
+        )
+        calls = store.query(
+            "SELECT replica, policy_version, toFloat64(ts), duration_s FROM tokens FINAL "
+            "WHERE run_id = 'cli'"
+        ).rows
+        loads = loads_by_replica(store, "cli")
+    # Both replicas sampled rollouts, and every call names the replica that answered it.
+    assert len(served) == 2 and all(url and n > 0 for url, n in served.items()), served
+    assert set(served) == set(loads), (served, loads)
+    # Each call's version is the one its replica served when the call ran: loaded before the
+    # call ended, and its next version (if any) loaded after the call began. (A replica
+    # publishes a load once the new weights are in place; a second of slack covers the engine
+    # taking them up at its next step.)
+    slack = 1.0
+    wrong = []
+    for replica, version, ended, seconds in calls:
+        history = loads[replica]
+        loaded = [at for v, at in history if v == version]
+        later = [at for v, at in history if v > version]
+        if (
+            not loaded
+            or loaded[0] > ended + slack
+            or (later and later[0] < ended - seconds - slack)
+        ):
+            wrong.append((replica, version, ended, seconds, history))
+    assert calls and not wrong, wrong[:5]

@@ -338,7 +338,13 @@ def _open_chdb(url: str, path: str, read_only: bool, dedup_window: int | None) -
     if pid is None or pid == os.getpid():
         if read_only and not data_dir.is_dir():
             raise StoreError(f"no store at {data_dir} ({url}): nothing has written there yet")
-        return _prepared(Store(url, read_only=read_only, data_dir=data_dir), dedup_window)
+        try:
+            return _prepared(Store(url, read_only=read_only, data_dir=data_dir), dedup_window)
+        except Exception:
+            pid = holder_pid(data_dir)
+            if pid is None or pid == os.getpid():
+                raise
+            # Another process took the directory between the probe and the engine's open.
     holder = f"process {pid}" if pid > 0 else "another process"
     if not read_only:
         raise StoreLockedError(

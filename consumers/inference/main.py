@@ -32,6 +32,13 @@ def default_worker_id(port: int) -> str:
     return f"{socket.gethostname()}-{port}"
 
 
+def advertised_url(host: str, port: int) -> str:
+    """The /v1 URL announced for a worker bound to host:port: a wildcard address names this
+    machine instead (env producers elsewhere cannot reach 0.0.0.0)."""
+    reachable = socket.gethostname() if host in ("0.0.0.0", "::", "") else host
+    return f"http://{reachable}:{port}/v1"
+
+
 async def follow_weights(
     bus: Bus, follower: WeightFollower, run_id: str, stop: asyncio.Event
 ) -> None:
@@ -106,9 +113,11 @@ async def run_worker(
     port: int,
     stop: asyncio.Event,
     worker_id: str | None = None,
+    url: str | None = None,
 ) -> None:
     """Serve `app` on host:port and follow weights until `stop` is set. Requests are answered
-    503 until the run's newest announced weights are loaded."""
+    503 until the run's newest announced weights are loaded. `url`: the /v1 URL announced with
+    every WeightLoaded (default: advertised_url(host, port))."""
     gate = Gate(app, settings.run_id)
     server = uvicorn.Server(uvicorn.Config(gate, host=host, port=port, log_level="warning"))
     serving = asyncio.create_task(server.serve())
@@ -122,7 +131,9 @@ async def run_worker(
     await wait_until(
         lambda: server.started, 600, f"inference on {host}:{port}", 0.05, still_starting
     )
-    follower = WeightFollower(backend, worker_id or default_worker_id(port))
+    follower = WeightFollower(
+        backend, worker_id or default_worker_id(port), url or advertised_url(host, port)
+    )
     try:
         async with Bus.of(settings) as bus:
             await catch_up(bus, follower, settings.run_id)
@@ -144,9 +155,10 @@ async def run(
     device: str = "cpu",
     threads: int | None = None,
     worker_id: str | None = None,
+    url: str | None = None,
 ) -> None:
     """The role's entry: build the engine for `model_path`, serve it, and load every
-    WeightVersion of `settings.run_id` (publishing WeightLoaded) until `stop`.
+    WeightVersion of `settings.run_id` (publishing WeightLoaded, with `url`) until `stop`.
 
     `threads` sets torch's intra-op threads: 1 suits tiny models on a shared small machine,
     where a second thread mostly waits for a core another process holds."""
@@ -158,4 +170,4 @@ async def run(
         torch.set_num_threads(threads)
     engine = build_backend(model_path, backend, device=device)
     app = build_app(engine, model_path)
-    await run_worker(settings, engine, app, host, port, stop, worker_id)
+    await run_worker(settings, engine, app, host, port, stop, worker_id, url)

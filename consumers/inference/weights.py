@@ -31,9 +31,11 @@ def newest(events: Iterable[object], run_id: str | None = None) -> WeightVersion
 class WeightFollower:
     """Loads announced weights into one backend and names this worker in the acknowledgement."""
 
-    def __init__(self, backend: InferenceBackend, worker_id: str) -> None:
+    def __init__(self, backend: InferenceBackend, worker_id: str, url: str = "") -> None:
+        """`url`: the worker's /v1 URL as env producers reach it (announced with each load)."""
         self.backend = backend
         self.worker_id = worker_id
+        self.url = url
         # A worker id outlives restarts (its consumer group resumes); a restarted worker's
         # loads are new events, so their ids name this process's start too.
         self.incarnation = uuid.uuid4().hex
@@ -51,6 +53,7 @@ class WeightFollower:
             worker_id=self.worker_id,
             load_s=load_s,
             uri=event.uri,
+            url=self.url,
         )
         return self.announced
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from rlbus.bus import Bus
 from rlbus.clients.inference import InferenceClient
+from rlbus.clients.replicas import Roster
 from rlbus.config.runs import RunConfig
 from rlbus.consumers.orchestrator.algorithms import Context, make_algorithm
 from rlbus.consumers.orchestrator.join import Joiner
@@ -66,4 +67,16 @@ def build_orchestrator(bus: Bus, cfg: RunConfig, base_dir: Path) -> Orchestrator
     )
     joiner = Joiner(cfg.run_id, set(envs), lambda env: envs[env].config.sampling.temperature or 1.0)
     pacing = pacing_for(o, cfg.max_steps)
-    return Orchestrator(bus, o, cfg.run_id, cfg.max_steps, tasks, algorithms, joiner, pacing)
+    roster = Roster(cfg.kafka.announce_every_s)
+    return Orchestrator(
+        bus,
+        o,
+        cfg.run_id,
+        cfg.max_steps,
+        tasks,
+        algorithms,
+        joiner,
+        pacing,
+        roster,
+        cfg.inference.served_by,
+    )

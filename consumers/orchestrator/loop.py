@@ -3,7 +3,12 @@
 One consumer (one group join) reads trace-nodes, tokens, rollouts, scored and weights. Steps
 are counted by the trainer's versions: batch s is trained on version s-1, so a sample's
 staleness is known when its batch is packed, and the trainer's first WeightVersion (which it
-publishes on start, resumed or not) tells where the run stands.
+publishes on start, resumed or not) tells where the run stands. A version counts as served once
+enough of the run's live inference replicas serve it (inference.served_by; their announcements
+are followed outside the group, bus.announcements, since their repeats tell who is alive).
+
+One orchestrator leads a run (bus.leadership); others started for it wait as standbys, and one
+takes over, from what the bus holds, when the leader is gone.
 
 The Orchestrator wires the parts, each readable alone: join.py (a rollout's pieces into groups),
 holds.py (their deliveries kept uncommitted until batched), algorithms.py (a group into samples),
@@ -15,13 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 from opentelemetry.trace import SpanKind
 
 from rlbus.bus import Bus, Delivery, telemetry
+from rlbus.bus.announcements import follow_announcements
+from rlbus.bus.leadership import Leadership
 from rlbus.bus.topic_reader import read_back
+from rlbus.clients.replicas import Roster
 from rlbus.config.orchestrator import OrchestratorConfig
 from rlbus.consumers.orchestrator.algorithms import Algorithm
 from rlbus.consumers.orchestrator.held_out import HeldOut, HeldOutEval
@@ -78,8 +89,12 @@ class Orchestrator:
         algorithms: dict[str, Algorithm],
         joiner: Joiner,
         pacing: Pacing | None = None,
+        roster: Roster | None = None,
+        served_by: int = 0,
     ):
-        """`pacing`: None for the one cfg.mode names."""
+        """`pacing`: None for the one cfg.mode names. `roster`: the run's inference replicas
+        (fed by `handle` and, with their repeats, by bus.announcements); a version is served
+        once `served_by` live replicas serve it (0: every live one)."""
         self.bus = bus
         self.cfg = cfg
         self.run_id = run_id
@@ -93,7 +108,10 @@ class Orchestrator:
         self.gate = StalenessGate(cfg.max_off_policy_steps)
         self.step: int | None = None
         """Batches published so far; None until the trainer has announced its version."""
+        self.roster = roster or Roster()
+        self.served_by = served_by
         self.served = -1
+        """The newest version enough live inference replicas serve (it never goes back)."""
         self.trained = -1
         """Newest version the trainer announced: the run is done when it reaches max_steps."""
         self.inflight: set[str] = set()
@@ -104,6 +122,11 @@ class Orchestrator:
         self.counted = Counts()
         """`counts` when the last batch went out: each batch reports what happened since."""
         self.done = asyncio.Event()
+        self.may_publish: Callable[[], bool] = lambda: True
+        """False while this process is not sure it leads the run (a rebalance of its
+        leadership group): it then publishes no batch and no task."""
+        self._turn = asyncio.Lock()
+        """Handling events and the clock's ticks take turns."""
 
     @property
     def held(self) -> dict[str, list[Delivery]]:
@@ -127,12 +150,26 @@ class Orchestrator:
     # -- events ----------------------------------------------------------------------
 
     async def handle(self, deliveries: list[Delivery]) -> None:
+        async with self._turn:
+            await self._handle(deliveries)
+
+    async def tick(self) -> None:
+        """What time alone changes: replicas that went silent no longer hold a version back."""
+        async with self._turn:
+            await self.advance()
+
+    def _count_served(self) -> None:
+        served = self.roster.served(self.served_by)
+        if served is not None and served > self.served:
+            self.served = served
+
+    async def _handle(self, deliveries: list[Delivery]) -> None:
         for d in deliveries:
             event = d.event
             if isinstance(event, WeightVersion):
                 self._on_version(event.version)
             elif isinstance(event, WeightLoaded):
-                self.served = max(self.served, event.version)
+                self.roster.heard(event, d.record.timestamp / 1000 if d.record else time.time())
             elif isinstance(event, TraceNode) and event.branch_id == JUDGE_BRANCH:
                 continue  # an LLM judge's call behind a score: not the policy's to train on
             # the kinds left on these topics are a rollout's parts, each naming its rollout
@@ -210,8 +247,9 @@ class Orchestrator:
         )
 
     async def advance(self) -> None:
-        if self.step is None:
-            return  # the trainer has not announced its version yet
+        self._count_served()
+        if self.step is None or not self.may_publish():
+            return  # the trainer has not announced its version yet, or another may lead
         evaluation = self.held_out.due(self.served)
         if evaluation:
             await self.bus.publish_many(evaluation)
@@ -223,7 +261,12 @@ class Orchestrator:
             self.done.set()
 
     async def _publish_tasks(self, n: int) -> None:
-        tasks: list[TaskPublished] = [self.tasks.next_train() for _ in range(max(0, n))]
+        # Sampled with what enough replicas serve: env producers pass over replicas behind it.
+        at_least = max(self.served, 0)
+        tasks: list[TaskPublished] = [
+            msgspec.structs.replace(self.tasks.next_train(), min_policy_version=at_least)
+            for _ in range(max(0, n))
+        ]
         if tasks:
             self.inflight.update(group_id_of(t) for t in tasks)
             await self.bus.publish_many(tasks)
@@ -288,29 +331,58 @@ class Orchestrator:
 
 
 async def run_orchestrator(
-    bus: Bus, orchestrator: Orchestrator, stop: asyncio.Event
+    bus: Bus,
+    orchestrator: Orchestrator,
+    stop: asyncio.Event,
+    leadership: Leadership | None = None,
+    tick_s: float = 1.0,
 ) -> Orchestrator:
-    """Consume until the run is done (max_steps batches and the final evaluation) or `stop`."""
+    """Consume until the run is done (max_steps batches and the final evaluation), `stop`, or
+    `leadership` is lost to another process. Meanwhile follow the inference replicas'
+    announcements and let the clock tick every `tick_s`."""
     consumer_stop = asyncio.Event()
+    if leadership is not None:
+        orchestrator.may_publish = lambda: leadership.leading
+    ends = [orchestrator.done, stop, *([leadership.lost] if leadership else [])]
 
     async def watch() -> None:
-        done = asyncio.create_task(orchestrator.done.wait())
-        stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait({done, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        done.cancel()
-        stopped.cancel()
+        waits = [asyncio.create_task(e.wait()) for e in ends]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
         consumer_stop.set()
 
-    watcher = asyncio.create_task(watch())
+    async def ticking() -> None:
+        try:
+            while not consumer_stop.is_set():
+                await asyncio.sleep(tick_s)
+                await orchestrator.tick()
+        finally:
+            consumer_stop.set()  # a tick that failed stops the orchestrator, as a handler would
+
+    run_id = orchestrator.run_id
+    helpers = [
+        asyncio.create_task(watch()),
+        asyncio.create_task(ticking()),
+        asyncio.create_task(
+            follow_announcements(bus, run_id, orchestrator.roster.heard, consumer_stop)
+        ),
+    ]
     try:
-        published = await read_back(bus, "batches", orchestrator.run_id)
+        published = await read_back(bus, "batches", run_id)
         orchestrator.resume([e for e in published if isinstance(e, TrainBatch)])
-        group = group_of(GROUP, orchestrator.run_id)
-        consume = bus.subscriber(*TOPICS, group=group, batch=True, run=orchestrator.run_id)
+        group = group_of(GROUP, run_id)
+        consume = bus.subscriber(*TOPICS, group=group, batch=True, run=run_id)
         consume = consume(orchestrator.handle)
         await consume.run(consumer_stop)
+        ticker = helpers[1]
+        if ticker.done() and not ticker.cancelled() and ticker.exception() is not None:
+            raise ticker.exception()  # type: ignore[misc]  # just checked: an exception
     finally:
-        watcher.cancel()
+        consumer_stop.set()
+        for helper in helpers:
+            helper.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
         for algorithm in orchestrator.algorithms.values():
             if algorithm.ctx.teacher is not None:
                 await algorithm.ctx.teacher.close()

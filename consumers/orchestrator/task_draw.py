@@ -107,6 +107,7 @@ class TaskSource:
                         run_id=self.run_id,
                         group_size=group_size,
                         split="test",
+                        min_policy_version=version,
                         info={**task.info, SPLIT: "test", EVAL_VERSION: version},
                     )
                 )

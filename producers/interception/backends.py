@@ -6,7 +6,8 @@
   itself); from any other, the messages and usage, log-probs only when asked for and offered.
 - TokenBackend: the inference server's token-in/token-out `/v1/generate`. Prompts are rendered
   once, then each turn extends the branch's recorded prompt + completion ids with the new
-  messages (renderer.extend): sampled tokens are never decoded and re-tokenized.
+  messages (renderer.extend): sampled tokens are never decoded and re-tokenized. With several
+  inference replicas, each rollout's route picks one (rlbus.clients.replicas).
 
 Each answers a call whole (`complete`) or as it is sampled (`stream`: the message's text in
 pieces, then the same CallResult `complete` returns). The token backend streams text only for
@@ -22,7 +23,8 @@ from typing import Any
 import msgspec
 
 from rlbus.clients.chat_client import ChatAnswer, ChatClient, ChatError
-from rlbus.clients.inference import InferenceClient, InferenceError
+from rlbus.clients.inference import InferenceError
+from rlbus.clients.replicas import Replicas, Roster, Route
 from rlbus.clients.token_api import Delta, GenerateResult, SamplingParams
 from rlbus.config.env import ModelConfig
 from rlbus.producers.interception.calls import CallResult, ModelCall, Prior, UpstreamError
@@ -75,7 +77,9 @@ class EvalBackend:
             policy_version=answer.policy_version,
         )
 
-    async def complete(self, call: ModelCall, prior: Prior | None) -> CallResult:
+    async def complete(
+        self, call: ModelCall, prior: Prior | None, route: Route | None = None
+    ) -> CallResult:
         try:
             answer = await self.chat.complete(call.messages, **self._sampling(call))
         except ChatError as exc:
@@ -83,7 +87,7 @@ class EvalBackend:
         return self._result(answer)
 
     async def stream(
-        self, call: ModelCall, prior: Prior | None
+        self, call: ModelCall, prior: Prior | None, route: Route | None = None
     ) -> AsyncGenerator[str | CallResult]:
         try:
             async for piece in self.chat.stream(call.messages, **self._sampling(call)):
@@ -98,14 +102,18 @@ class EvalBackend:
 class TokenBackend:
     mode = "train"
 
-    def __init__(self, config: ModelConfig, renderer: Any | None = None):
+    def __init__(
+        self, config: ModelConfig, renderer: Any | None = None, roster: Roster | None = None
+    ):
         """`renderer`: anything with render/extend/parse (rlbus.clients.renderer);
-        built from model.tokenizer when not given."""
-        if not config.base_url:
+        built from model.tokenizer when not given. `roster`: the run's replicas as they announce
+        themselves (an env producer follows them on its bus); without it, the configured ones."""
+        urls = [u for u in (config.base_url, *config.replica_urls) if u]
+        if not urls and roster is None:
             raise ValueError("train mode needs model.base_url (the inference server's /v1 URL)")
         self.model = config.name
         self.renderer = renderer or self._renderer(config)
-        self.inference = InferenceClient(config.base_url, config.timeout_s)
+        self.replicas = Replicas(urls, roster or Roster(), config.timeout_s)
 
     @staticmethod
     def _renderer(config: ModelConfig) -> Any:
@@ -144,21 +152,28 @@ class TokenBackend:
             raise UpstreamError(f"bad sampling settings: {exc}", 400) from None
         return prompt_ids, sampling
 
-    async def complete(self, call: ModelCall, prior: Prior | None) -> CallResult:
+    async def complete(
+        self, call: ModelCall, prior: Prior | None, route: Route | None = None
+    ) -> CallResult:
         prompt_ids, sampling = self._request(call, prior)
         try:
-            out = await self.inference.generate(prompt_ids, sampling)
+            out, replica = await self.replicas.call(
+                route or Route(), lambda client: client.generate(prompt_ids, sampling)
+            )
         except InferenceError as exc:
             raise UpstreamError(str(exc), exc.status) from exc
-        return self._result(call, prompt_ids, out)
+        return self._result(call, prompt_ids, out, replica)
 
     async def stream(
-        self, call: ModelCall, prior: Prior | None
+        self, call: ModelCall, prior: Prior | None, route: Route | None = None
     ) -> AsyncGenerator[str | CallResult]:
         prompt_ids, sampling = self._request(call, prior)
         out: GenerateResult | None = None
+        replica = ""
         try:
-            async for item in self.inference.generate_stream(prompt_ids, sampling):
+            items = self.replicas.stream(route or Route(), prompt_ids, sampling)
+            async for item, answered in items:
+                replica = answered
                 if isinstance(item, Delta):
                     if item.text and not call.tools:
                         yield item.text
@@ -167,9 +182,11 @@ class TokenBackend:
         except InferenceError as exc:
             raise UpstreamError(str(exc), exc.status) from exc
         assert out is not None  # the client raises on a stream that ends without a result
-        yield self._result(call, prompt_ids, out)
+        yield self._result(call, prompt_ids, out, replica)
 
-    def _result(self, call: ModelCall, prompt_ids: list[int], out: GenerateResult) -> CallResult:
+    def _result(
+        self, call: ModelCall, prompt_ids: list[int], out: GenerateResult, replica: str
+    ) -> CallResult:
         message = self.renderer.parse(out.completion_ids, tools=call.tools, prompt_ids=prompt_ids)
         return CallResult(
             message,
@@ -181,11 +198,17 @@ class TokenBackend:
             completion_ids=out.completion_ids,
             logprobs=out.logprobs,
             policy_version=out.policy_version,
+            replica=replica,
         )
 
     async def close(self) -> None:
-        await self.inference.close()
+        await self.replicas.close()
 
 
-def make_backend(config: ModelConfig, renderer: Any | None = None) -> EvalBackend | TokenBackend:
-    return EvalBackend(config) if config.mode == "eval" else TokenBackend(config, renderer)
+def make_backend(
+    config: ModelConfig, renderer: Any | None = None, roster: Roster | None = None
+) -> EvalBackend | TokenBackend:
+    """`roster`: train mode's announced replicas (TokenBackend)."""
+    if config.mode == "eval":
+        return EvalBackend(config)
+    return TokenBackend(config, renderer, roster)

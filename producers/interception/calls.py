@@ -7,6 +7,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from rlbus.clients.replicas import Route
 from rlbus.config.env import SamplingConfig
 from rlbus.producers.interception.openai_messages import Message
 
@@ -61,6 +62,8 @@ class CallResult:
     completion_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     policy_version: int = 0
+    replica: str = ""
+    """Train mode: the inference replica that answered (its /v1 URL)."""
 
 
 class UpstreamError(RuntimeError):
@@ -75,8 +78,15 @@ class Backend(Protocol):
     mode: str
     model: str
 
-    async def complete(self, call: ModelCall, prior: Prior | None) -> CallResult: ...
-    def stream(self, call: ModelCall, prior: Prior | None) -> AsyncGenerator[str | CallResult]:
+    async def complete(
+        self, call: ModelCall, prior: Prior | None, route: Route | None = None
+    ) -> CallResult:
+        """The call answered whole; `route`: the rollout's way to inference (train mode)."""
+        ...
+
+    def stream(
+        self, call: ModelCall, prior: Prior | None, route: Route | None = None
+    ) -> AsyncGenerator[str | CallResult]:
         """The message's text in pieces as it is sampled, then the whole CallResult."""
         ...
 

@@ -37,6 +37,8 @@ from starlette.routing import Route
 
 from rlbus.bus import telemetry
 from rlbus.bus.server_thread import listening_socket
+from rlbus.clients.replicas import Roster
+from rlbus.clients.replicas import Route as InferenceRoute
 from rlbus.config.env import EnvConfig, HarnessConfig, SamplingConfig
 from rlbus.producers.interception.anthropic_messages import AnthropicMessages
 from rlbus.producers.interception.backends import make_backend
@@ -64,10 +66,18 @@ class RolloutSession:
     """One rollout's view of the server: its URLs, its trace, and `chat` for in-process
     harnesses."""
 
-    def __init__(self, server: InterceptionServer, rollout_id: str, token: str):
+    def __init__(
+        self,
+        server: InterceptionServer,
+        rollout_id: str,
+        token: str,
+        route: InferenceRoute | None = None,
+    ):
         self.server = server
         self.rollout_id = rollout_id
         self.token = token
+        self.route = route or InferenceRoute()
+        """Its way to inference: the version its task asks for, the replica answering it."""
         self.trace = Trace(rollout_id)
         self.context = telemetry.current()
         """The rollout's trace context: its model calls arrive on the server's own tasks."""
@@ -131,7 +141,8 @@ class RolloutSession:
             try:
                 if pieces:
                     result = None
-                    async with aclosing(server.backend.stream(call, plan.prior)) as items:
+                    items = server.backend.stream(call, plan.prior, self.route)
+                    async with aclosing(items):
                         async for item in items:
                             if isinstance(item, CallResult):
                                 result = item
@@ -139,10 +150,12 @@ class RolloutSession:
                                 yield item
                     assert result is not None, "a backend's stream ends with its result"
                 else:
-                    result = await server.backend.complete(call, plan.prior)
+                    result = await server.backend.complete(call, plan.prior, self.route)
             except BaseException:
                 self.trace.abandon(plan)
                 raise
+            finally:
+                _record_failures(span, self.route.taken_failures())
             recorded = self.trace.commit(plan, call.messages, result, call.tools)
             if span is not None:
                 span.set_attributes(
@@ -153,6 +166,7 @@ class RolloutSession:
                         "gen_ai.usage.output_tokens": result.completion_tokens,
                         "rlbus.call_index": recorded.index,
                         "rlbus.policy_version": result.policy_version,
+                        "rlbus.inference.replica": result.replica,
                         # Token level (exact ids are recorded when the backend returns them):
                         # how many, and the completion's log-likelihood under its policy.
                         "rlbus.tokens.prompt_ids": len(result.prompt_ids),
@@ -166,6 +180,20 @@ class RolloutSession:
         self, messages: list[dict[str, Any]], tools: Tools = None, **sampling: Any
     ) -> CallResult:
         return await self.complete(ModelCall(messages=messages, tools=tools, **sampling))
+
+
+def _record_failures(span: Any, failures: list[tuple[str, str]]) -> None:
+    """Each attempt of the call that failed on one inference replica before another answered,
+    as an event of the call's span: the rollout's trace shows every attempt."""
+    if span is None:
+        return
+    for replica, error in failures:
+        span.add_event(
+            "inference replica failed; call made again on another",
+            {"rlbus.inference.replica": replica, "error.message": error[:500]},
+        )
+    if failures:
+        span.set_attribute("rlbus.inference.retries", len(failures))
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -212,10 +240,13 @@ class InterceptionServer:
         self._server.lifespan = config.lifespan_class(config)
 
     @classmethod
-    def of(cls, config: EnvConfig, renderer: Any | None = None) -> InterceptionServer:
+    def of(
+        cls, config: EnvConfig, renderer: Any | None = None, roster: Roster | None = None
+    ) -> InterceptionServer:
         """The server for an environment: its model backend, sampling and request limit.
-        `renderer` (train mode) overrides the one built from model.tokenizer."""
-        backend = make_backend(config.model, renderer)
+        `renderer` (train mode) overrides the one built from model.tokenizer; `roster`: the
+        run's inference replicas as they announce themselves (train mode)."""
+        backend = make_backend(config.model, renderer, roster)
         return cls(backend, config.sampling, max_request_mb=config.harness.max_request_mb)
 
     async def __aenter__(self) -> InterceptionServer:
@@ -227,9 +258,11 @@ class InterceptionServer:
         await self.backend.close()
 
     @contextlib.contextmanager
-    def session(self, rollout_id: str) -> Iterator[RolloutSession]:
-        """A rollout's session; its URLs stop answering when the block ends."""
-        session = RolloutSession(self, rollout_id, secrets.token_urlsafe(24))
+    def session(self, rollout_id: str, min_version: int = 0) -> Iterator[RolloutSession]:
+        """A rollout's session; its URLs stop answering when the block ends. `min_version`: the
+        weights version its task asks for (train mode's replicas behind it are passed over)."""
+        route = InferenceRoute(min_version=min_version)
+        session = RolloutSession(self, rollout_id, secrets.token_urlsafe(24), route)
         self.sessions[session.token] = session
         try:
             yield session

@@ -260,6 +260,7 @@ class Trace:
                 completion_ids=pack_tokens(c.result.completion_ids),
                 logprobs=pack_logprobs(c.result.logprobs),
                 policy_version=c.result.policy_version,
+                replica=c.result.replica,
                 finish_reason=c.result.finish_reason,
                 duration_s=c.seconds,
                 ts=c.ended_at,

@@ -41,7 +41,8 @@ def _run_config(ctx: typer.Context, config: Path | None, role: str) -> RunConfig
 
 
 def sink(ctx: typer.Context, config: ConfigOption = None) -> None:
-    """Consume every topic into ClickHouse; serve read-only SQL to other processes meanwhile."""
+    """Consume every topic into ClickHouse; serve read-only SQL to other processes meanwhile.
+    While another sink holds a chdb store, wait as its standby."""
     from rlbus.consumers.sink.main import run as hold_store
 
     settings = _settings(ctx, config, "sink")
@@ -51,7 +52,8 @@ def sink(ctx: typer.Context, config: ConfigOption = None) -> None:
         console.print(f"read-only SQL endpoint: {url}")
 
     async def main(stop: asyncio.Event) -> int:
-        return (await hold_store(settings, stop, served)).rows_written
+        sink = await hold_store(settings, stop, served)
+        return sink.rows_written if sink is not None else 0
 
     console.print(f"sink stopped after writing {run_until_signal(main):,} rows")
 
@@ -156,6 +158,14 @@ def inference(
     threads: Annotated[
         int | None, typer.Option(help="torch intra-op threads (1 suits tiny models).")
     ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            help="/v1 URL env producers reach this server by, announced on the bus with every "
+            "weights version it loads (unset: http://HOST:PORT/v1, this machine's name for "
+            "0.0.0.0)."
+        ),
+    ] = None,
     config: ConfigOption = None,
 ) -> None:
     """Serve a model (OpenAI chat completions, token-in/token-out generate, score) and load
@@ -185,6 +195,7 @@ def inference(
                 backend=backend,
                 device=device,
                 threads=threads,
+                url=url,
             )
         )
 
@@ -213,7 +224,8 @@ def orchestrator(
     ctx: typer.Context, config: ConfigOption = None, resume: ResumeOption = False
 ) -> None:
     """Orchestrator: scored rollouts -> TrainBatches; publishes tasks with bounded work in flight.
-    (It follows the trainer's announced version, so --resume needs nothing of it.)"""
+    (It follows the trainer's announced version, so --resume needs nothing of it.) One leads a
+    run: another started for it waits as a standby and takes over when the leader is gone."""
     from rlbus.consumers.orchestrator.loop import summary
     from rlbus.consumers.orchestrator.main import run as orchestrate
 
@@ -221,7 +233,7 @@ def orchestrator(
     base_dir = config.parent if config else Path.cwd()
     with exits_on(ConfigError, KeyError, ValueError):
         orch = run_until_signal(lambda stop: orchestrate(cfg, base_dir, stop))
-    if not orch.done.is_set():
+    if orch is None or not orch.done.is_set():
         raise typer.Exit(3)  # stopped before max_steps: the launcher tells the two apart
     console.print(summary(orch))
 

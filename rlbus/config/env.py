@@ -36,6 +36,11 @@ class ModelConfig(Section):
     base_url: str | None = None
     """Eval: any OpenAI-compatible /v1 URL. Train: the inference server's URL (POST
     /v1/generate)."""
+    replica_urls: list[str] = []
+    """Train: more inference servers' /v1 URLs besides base_url. Each rollout goes to one of
+    them (all its turns), the one with the fewest requests outstanding among those serving the
+    version its task asks for; a call is made again on another when its replica dies. Replicas
+    that announce themselves on the run's bus join without being listed here."""
     mode: Literal["eval", "train"] = "eval"
     """eval: chat with any OpenAI-compatible upstream; train: token-in/token-out with exact ids."""
     api_key_env: str = "OPENAI_API_KEY"

@@ -44,6 +44,10 @@ class EnvEntry(Section):
 
 
 class OrchestratorConfig(Section):
+    standbys: int = Field(default=0, ge=0)
+    """Orchestrators `rlbus run` starts besides the one that leads: each waits as a standby and
+    one takes over (from what the bus holds) when the leader dies. Any `rlbus worker
+    orchestrator` started for the run does the same."""
     mode: Literal["async", "sync"] = "async"
     """async: rollouts of the next steps run while the trainer trains; sync: each step waits for
     its rollouts, then for inference to serve the new weights."""

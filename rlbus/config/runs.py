@@ -17,15 +17,30 @@ from rlbus.config.trainer import OptimConfig, TrainerConfig
 
 class InferenceConfig(Section):
     url: str = ""
-    """/v1 URL of a running inference server that follows this run's weights; empty: start one."""
+    """/v1 URL of a running inference server that follows this run's weights; empty (and no
+    urls): `rlbus run` starts `replicas` of them."""
+    urls: list[str] = []
+    """More running inference servers of this run (/v1 URLs): env producers spread rollouts
+    over them and url. Servers that announce themselves on the run's bus join by themselves."""
+    replicas: int = Field(default=1, ge=1)
+    """Inference servers `rlbus run` starts (when url and urls are empty)."""
+    served_by: int = Field(default=0, ge=0)
+    """Replicas that must serve a weights version before the orchestrator counts it as served
+    (sync mode's next step, async mode's staleness bound, evaluations); 0: every live replica.
+    A replica is live while it re-announces itself (every kafka.announce_every_s); with fewer
+    live than this, every live one."""
     backend: Literal["hf", "vllm"] = "hf"
-    """Engine of the inference server `rlbus run` starts."""
+    """Engine of the inference servers `rlbus run` starts."""
     device: str = "cpu"
-    """Device of that server."""
+    """Device of those servers."""
     port: int = Field(default=0, ge=0)
-    """Its port; 0: a free one."""
+    """Port of the first of them (the others take the next ones); 0: free ones."""
     threads: int = Field(default=1, ge=1)
-    """torch intra-op threads of that server (1 suits tiny models on a small machine)."""
+    """torch intra-op threads of each (1 suits tiny models on a small machine)."""
+
+    def given(self) -> list[str]:
+        """The running servers configured (url first); empty: `rlbus run` starts its own."""
+        return [u for u in (self.url, *self.urls) if u]
 
 
 class RunConfig(Settings):
@@ -38,6 +53,10 @@ class RunConfig(Settings):
     orchestrator: OrchestratorConfig = OrchestratorConfig()
     trainer: TrainerConfig = TrainerConfig()
     inference: InferenceConfig = InferenceConfig()
+    sinks: int = Field(default=1, ge=1)
+    """Sink processes `rlbus run` starts. On a ClickHouse server (store.url http(s)://...) they
+    share the topics' partitions; a chdb store admits one process, so one holds it and the
+    others wait as standbys, one of which takes it over if the holder dies."""
     envs: dict[str, EnvEntry] = {}
     """Environments by name: [envs.NAME] path = "...", algorithm.name = "grpo", overrides..."""
 

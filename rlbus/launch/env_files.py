@@ -15,12 +15,14 @@ from rlbus.producers.environment.loader import ENV_FILE, read_env_table
 
 
 def env_file(
-    entry: EnvEntry, name: str, base_dir: Path, out_dir: Path, model: str, base_url: str
+    entry: EnvEntry, name: str, base_dir: Path, out_dir: Path, model: str, urls: list[str]
 ) -> Path:
+    """`urls`: the run's inference replicas (/v1 URLs), the first as model.base_url."""
     table = _env_table(entry.path, base_dir)
     model_cfg = {
         "name": Path(model).name,
-        "base_url": base_url,
+        "base_url": urls[0],
+        "replica_urls": urls[1:],
         "mode": "train",
         "tokenizer": str(Path(model).resolve()),
     }

@@ -39,11 +39,13 @@ class RoleProcess:
         log_dir: Path,
         args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        name: str = "",
     ):
-        """`env`: more environment variables for the role (its thread counts)."""
+        """`env`: more environment variables for the role (its thread counts); `name`: of its
+        log file (default: the role), so that each of several processes of a role has its own."""
         self.role = role
         self.args = list(args or [])
-        self.log_path = log_dir / f"{role}.log"
+        self.log_path = log_dir / f"{name or role}.log"
         log_dir.mkdir(parents=True, exist_ok=True)
         self._env = {
             **os.environ,

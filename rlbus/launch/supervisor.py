@@ -1,15 +1,17 @@
 """`rlbus run`: every role of a run as local child processes on one machine.
 
-Starts the embedded broker (unless one is configured), a sink holding the store, inference,
-the trainer, the orchestrator, and env producers and judges per environment; shows a live
-dashboard read from the store; stops everything cleanly when the orchestrator is done
-(max_steps and the final evaluation), on Ctrl-C, or when a role dies (naming it).
+Starts the embedded broker (unless one is configured), the sinks (one holds the store),
+inference replicas, the trainer, the orchestrator (and its standbys), and env producers and
+judges per environment; shows a live dashboard read from the store; stops everything cleanly
+when an orchestrator is done (max_steps and the final evaluation), on Ctrl-C, or when every
+process of a role has died (naming it; one of several dying is reported and the run goes on).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -28,18 +30,27 @@ from rlbus.launch.broker_losses import unstored
 from rlbus.launch.dashboard import FINAL_STEP, Dashboard
 from rlbus.launch.env_files import env_file
 from rlbus.launch.local_sink import LocalSink
-from rlbus.launch.processes import RoleProcess, alive
+from rlbus.launch.processes import RoleProcess, exit_reason
 
 
 @dataclass
 class Roles:
     """The processes of a run that its supervision looks at by name."""
 
-    sink: RoleProcess
+    sinks: list[RoleProcess]
     trainer: RoleProcess
-    orchestrator: RoleProcess
-    url: str
-    """The inference server's /v1 URL."""
+    orchestrators: list[RoleProcess]
+    """The first leads at the start; the others are standbys."""
+    urls: list[str]
+    """The inference replicas' /v1 URLs."""
+
+    @property
+    def sink(self) -> RoleProcess:
+        return self.sinks[0]
+
+    @property
+    def orchestrator(self) -> RoleProcess:
+        return self.orchestrators[0]
 
 
 class RunView(Protocol):
@@ -59,15 +70,15 @@ STOP_ORDER = {"orchestrator": 0, "env": 1, "judge": 2, "trainer": 3, "inference"
 """Orchestrator and producers first, the trainer (finishing its batch), inference, the sink last."""
 
 
-def role_threads(role: str, inference_threads: int, cpus: int) -> int:
+def role_threads(role: str, inference_threads: int, cpus: int, replicas: int = 1) -> int:
     """Compute threads for one role of a local run. Inference and the trainer are the roles
-    that compute: inference gets its configured threads, the trainer the cores left (at least
-    one); the others mostly wait on I/O and get one, so that no two roles' thread pools fight
-    over the same cores (torch's default is a thread per core in every process)."""
+    that compute: each inference replica gets its configured threads, the trainer the cores
+    left (at least one); the others mostly wait on I/O and get one, so that no two roles' thread
+    pools fight over the same cores (torch's default is a thread per core in every process)."""
     if role == "inference":
         return inference_threads
     if role == "trainer":
-        return max(1, cpus - inference_threads)
+        return max(1, cpus - replicas * inference_threads)
     return 1
 
 
@@ -124,8 +135,13 @@ class LocalRun:
             raise BrokerLost(f"the broker at {address} is gone")
 
     def _start(self, role: str, settings: Settings, args: list[str]) -> RoleProcess:
-        env = thread_env(role_threads(role, self.cfg.inference.threads, os.cpu_count() or 1))
-        process = RoleProcess(role, settings, self.run_dir / "logs", args, env)
+        inference = self.cfg.inference
+        cpus = os.cpu_count() or 1
+        env = thread_env(role_threads(role, inference.threads, cpus, inference.replicas))
+        # env.log, then env-2.log...: each process of a role its own log.
+        same = sum(p.role == role for p in self.processes)
+        name = f"{role}-{same + 1}" if same else role
+        process = RoleProcess(role, settings, self.run_dir / "logs", args, env, name)
         self.processes.append(process)
         return process
 
@@ -144,16 +160,19 @@ class LocalRun:
             finally:
                 self.stop()
 
-    def _inference_url(self, base: Settings) -> str:
-        """The configured inference server, else one started here."""
-        if self.cfg.inference.url:
-            return self.cfg.inference.url
+    def _inference_urls(self, base: Settings) -> list[str]:
+        """The configured inference servers, else the replicas started here."""
         inference = self.cfg.inference
-        port = inference.port or free_port()
-        args = ["--model", str(Path(self.cfg.model).resolve()), "--port", str(port)]
-        args += ["--backend", inference.backend, "--device", inference.device]
-        self._start("inference", base, [*args, "--threads", str(inference.threads)])
-        return f"http://127.0.0.1:{port}/v1"
+        if inference.given():
+            return inference.given()
+        urls = []
+        for i in range(inference.replicas):
+            port = inference.port + i if inference.port else free_port()
+            args = ["--model", str(Path(self.cfg.model).resolve()), "--port", str(port)]
+            args += ["--backend", inference.backend, "--device", inference.device]
+            self._start("inference", base, [*args, "--threads", str(inference.threads)])
+            urls.append(f"http://127.0.0.1:{port}/v1")
+        return urls
 
     def start_roles(self, base: Settings) -> Roles:
         """Start every role of the run on `base`'s broker and store."""
@@ -163,32 +182,76 @@ class LocalRun:
         # Every role starts at once (on a small machine their imports and model loads take most
         # of the start-up, and none needs another to be up first: the orchestrator sends no task
         # before inference announces the trainer's first version). Only the dashboard, which
-        # opens the store, waits for the sink to hold it.
-        sink = self._start("sink", base, [])
-        url = self._inference_url(base)
+        # opens the store, waits for a sink to hold it.
+        sinks = [self._start("sink", base, []) for _ in range(self.cfg.sinks)]
+        urls = self._inference_urls(base)
         trainer = self._start("trainer", base, run_args)
-        orchestrator = self._start("orchestrator", base, [*run_args, "--inference.url", url])
+        # The policy's server for self-distillation's teacher: any replica serves the policy.
+        orchestrator_args = [*run_args, "--inference.url", urls[0]]
+        orchestrators = [
+            self._start("orchestrator", base, orchestrator_args)
+            for _ in range(1 + self.cfg.orchestrator.standbys)
+        ]
         envs_dir = self.run_dir / "envs"
         for name, entry in self.cfg.envs.items():
-            path = env_file(entry, name, self.config_path.parent, envs_dir, self.cfg.model, url)
+            path = env_file(entry, name, self.config_path.parent, envs_dir, self.cfg.model, urls)
             run_envs = ",".join(self.cfg.envs)
             for _ in range(entry.producers):
                 self._start("env", base, [str(path), "--run-envs", run_envs])
             for _ in range(entry.judges):
                 self._start("judge", base, [str(path)])
-        return Roles(sink, trainer, orchestrator, url)
+        return Roles(sinks, trainer, orchestrators, urls)
+
+    def _services(self, roles: Roles) -> Callable[[], None]:
+        """A check that fails when every process of a role that runs until stopped (all but the
+        orchestrators and the trainer, which may end at max_steps) has exited, and reports once
+        each one of several that died while others go on."""
+        reported: set[int] = set()
+        by_role: dict[str, list[RoleProcess]] = {}
+        for p in self.processes:
+            if p is not roles.trainer and p not in roles.orchestrators:
+                by_role.setdefault(p.role, []).append(p)
+
+        def check() -> None:
+            for processes in by_role.values():
+                if not any(p.alive() for p in processes):
+                    processes[0].check()  # raises, with its log tail
+                for p in processes:
+                    if not p.alive() and id(p) not in reported:
+                        reported.add(id(p))
+                        left = sum(q.alive() for q in processes)
+                        self.console.print(
+                            f"{exit_reason(p.role, p.proc.returncode)}; {left} of "
+                            f"{len(processes)} {p.role} processes go on (log: {p.log_path})",
+                            markup=False,
+                        )
+
+        return check
 
     def _run(self, base: Settings, timeout_s: float) -> int:
         roles = self.start_roles(base)
-        sink, trainer, orchestrator, url = roles.sink, roles.trainer, roles.orchestrator, roles.url
-        # Roles that run until stopped, so any exit is a failure (the trainer may end at max_steps).
-        services = alive(*(p for p in self.processes if p not in (orchestrator, trainer)))
-        served = "the sink to serve the store"
+        orchestrators, trainer = roles.orchestrators, roles.trainer
+        services = self._services(roles)
+        served = "a sink to serve the store"
         wait_for(lambda: store_served_elsewhere(base), timeout_s, served, check=services)
-        wait_for(lambda: healthy(url), timeout_s, f"inference at {url}", check=services)
+        urls = " or ".join(roles.urls)
+        wait_for(
+            lambda: any(healthy(u) for u in roles.urls),
+            timeout_s,
+            f"inference at {urls}",
+            check=services,
+        )
         dashboard = self.view or Dashboard(self.cfg.run_id, base.store.url)
+
+        def finished() -> RoleProcess | None:
+            """The orchestrator that ended the run (done, or the last one's failure)."""
+            done = [o for o in orchestrators if o.proc.poll() == 0]
+            if done:
+                return done[0]
+            return None if any(o.alive() for o in orchestrators) else orchestrators[-1]
+
         with Live(dashboard.refresh(), console=self.console, refresh_per_second=2) as live:
-            while orchestrator.alive():
+            while (ended := finished()) is None:
                 self._check_broker(base.kafka.bootstrap_servers or "")
                 services()
                 if not trainer.alive() and trainer.proc.returncode != 0:
@@ -196,15 +259,16 @@ class LocalRun:
                 time.sleep(1.0)
                 if time.monotonic() - dashboard.refreshed > 3:  # its queries cost the sink CPU too
                     live.update(dashboard.refresh())
-            if orchestrator.proc.returncode == 0:
-                # The last events (final step, evaluation) reach the store before the sink stops.
+            if ended.proc.returncode == 0:
+                # The last events (final step, evaluation) reach the store before the sinks stop.
                 final = {"run": self.cfg.run_id, "step": self.cfg.max_steps}
-                LocalSink(base, sink).wait_landed(FINAL_STEP, final, 1, "the final step", 60)
+                holder = LocalSink(base, next((s for s in roles.sinks if s.alive()), None))
+                holder.wait_landed(FINAL_STEP, final, 1, "the final step", 60)
                 time.sleep(2 * base.store.flush_interval_s + 1)
             live.update(dashboard.refresh())
-        if orchestrator.proc.returncode != 0:
-            orchestrator.check()
-        return orchestrator.proc.returncode
+        if ended.proc.returncode != 0:
+            ended.check()
+        return ended.proc.returncode
 
     def stop(self) -> None:
         for p in sorted(self.processes, key=lambda p: STOP_ORDER.get(p.role, 9)):

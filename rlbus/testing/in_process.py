@@ -52,7 +52,7 @@ async def local_roles(
             async with Bus.of(cfg) as bus:
                 roles.append(asyncio.create_task(run_sink(cfg, store, stop)))
                 for name, entry in cfg.envs.items():
-                    path = env_file(entry, name, base_dir, envs_dir, cfg.model, url)
+                    path = env_file(entry, name, base_dir, envs_dir, cfg.model, [url])
                     env = load_environment(str(path))
                     for _ in range(entry.producers):
                         producer = run_env_producer(cfg, env, stop, run_envs=frozenset(cfg.envs))
