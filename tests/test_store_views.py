@@ -31,6 +31,9 @@ def migrations_before_views() -> list[Migration]:
 VIEWS_ADDED_SINCE = {"weight_updates"}
 """Views first defined after views moved out of the migrations: an old store gains them when it
 migrates, as a fresh one has them."""
+VIEWS_CHANGED_SINCE = {"staleness", "throughput"}
+"""Views whose files changed after the move (a step trained again counts once): an old store
+reads them as a fresh one does once it migrates."""
 
 
 def old_store(path: Path, migrations: list[Migration]) -> None:
@@ -82,7 +85,9 @@ def test_a_store_migrated_before_views_moved_opens_and_its_views_read_as_a_fresh
         fresh = view_state(store)
     assert sorted(before) == sorted(set(fresh) - VIEWS_ADDED_SINCE)
     # The files under bus/store/views hold the SQL the old migrations' last definitions held.
-    assert {name: fresh[name][0] for name in before} == before
+    unchanged = set(before) - VIEWS_CHANGED_SINCE
+    assert {name: fresh[name][0] for name in unchanged} == {n: before[n] for n in unchanged}
+    assert all(fresh[name][0] != before[name] for name in VIEWS_CHANGED_SINCE)
     assert reopened == fresh
     empty = sorted(name for name, (_, _, rows) in fresh.items() if not rows)
     assert empty == ["conflicts"], "every view but conflicts should have rows to compare"

@@ -51,7 +51,9 @@ class RecordingBus:
         self.events.extend(events)
 
 
-def worker_for(session, bus: RecordingBus, max_steps: int = 10) -> TrainerWorker:
+def worker_for(
+    session, bus: RecordingBus, max_steps: int = 10, incarnation: str = ""
+) -> TrainerWorker:
     return TrainerWorker(
         bus,
         session.trainer.step,
@@ -63,6 +65,7 @@ def worker_for(session, bus: RecordingBus, max_steps: int = 10) -> TrainerWorker
         max_steps,
         asyncio.Event(),
         checkpoint_every=session.checkpoint_every,
+        incarnation=incarnation,
     )
 
 
@@ -167,6 +170,40 @@ async def test_a_clean_stop_saves_the_state_of_the_steps_since_the_last(
     assert session.checkpoints.latest_step() is None
     await worker.save_state()
     assert session.checkpoints.latest_step() == 1 and holds.offsets("batches", 0) == []
+
+
+async def test_a_resumed_trainer_retraining_a_step_publishes_it_as_another_attempt(
+    tied: Path, tmp_path: Path
+) -> None:
+    """A trainer killed after step 3 resumes from the state of step 2 and trains step 3 again:
+    another record (its timings differ), so another id. The store holds both attempts, lists
+    no conflict, and the views count the step once (its newest attempt)."""
+    from rlbus.bus.store import open_store
+
+    cfg = TrainerConfig(checkpoint_every=2)
+    ckpt = str(tmp_path / "ckpt")
+    first = RecordingBus()
+    session = open_session(cfg, str(tied), ckpt, 10, resume=False)
+    worker = worker_for(session, first)
+    for step in (1, 2, 3):
+        await worker.handle([Delivery(batch(step), "batches", 0, step - 1, holds=Holds())])
+    # killed here: step 3's batch was never committed, so it comes again to the resumed trainer
+    resumed = open_session(cfg, str(tied), ckpt, 10, resume=True)
+    assert resumed.state.step == 2 and resumed.incarnation and not session.incarnation
+    again = RecordingBus()
+    await worker_for(resumed, again, incarnation=resumed.incarnation).handle(
+        [Delivery(batch(3), "batches", 0, 2, holds=Holds())]
+    )
+    steps = [e for e in first.events + again.events if isinstance(e, TrainStep)]
+    assert [s.step for s in steps] == [1, 2, 3, 3]
+    assert len({s.event_id for s in steps}) == 4
+    with open_store(f"chdb://{tmp_path / 'store'}") as store:
+        store.insert_events(steps, [(0, i) for i in range(len(steps))])
+        assert store.query("SELECT count() FROM conflicts").rows == [(0,)]
+        assert store.query("SELECT count() FROM train_steps FINAL").rows == [(4,)]
+        for view in ("staleness", "throughput WHERE role = 'trainer'"):
+            per_step = store.query(f"SELECT count() FROM {view} GROUP BY run_id").rows
+            assert per_step == [(3,)], view
 
 
 def test_replay_sft_fine_tunes_a_pretrained_model_at_a_small_rate() -> None:

@@ -59,7 +59,10 @@ class TrainerWorker:
         max_steps: int,
         stop: asyncio.Event,
         checkpoint_every: int = 1,
+        incarnation: str = "",
     ):
+        """`incarnation`: "" for a trainer that started the run; a resumed trainer's own (e.g. a
+        uuid): the steps it trains again after the state it resumed from are new records."""
         self.bus = bus
         self.step = step
         self.checkpoints = checkpoints
@@ -70,6 +73,7 @@ class TrainerWorker:
         self.max_steps = max_steps
         self.stop = stop
         self.checkpoint_every = checkpoint_every
+        self.incarnation = incarnation
         self.saved_step = state.step
         """The step of the newest saved state."""
         self.unsaved: list[Delivery] = []
@@ -174,6 +178,7 @@ class TrainerWorker:
                 batch.dropped_stale + fresh.dropped,
                 fresh.histogram,
                 written,
+                self.incarnation,
             )
         )
         if result.skipped:
@@ -212,11 +217,15 @@ def step_event(
     dropped: int,
     histogram: dict[str, int],
     written: WrittenWeights | None = None,
+    incarnation: str = "",
 ) -> TrainStep:
     """What a train step publishes (the trainer's, and `rlbus replay sft`'s): `step` is the
-    weights version it wrote (`written`: its size and write time, when one was written)."""
+    weights version it wrote (`written`: its size and write time, when one was written). A
+    resumed trainer's `incarnation` is in the id: a step trained again is another attempt, with
+    timings of its own, never the first attempt's id with another content."""
+    parts = (run_id, "train-step", step, *((incarnation,) if incarnation else ()))
     return TrainStep(
-        event_id=derived_id(run_id, "train-step", step),
+        event_id=derived_id(*parts),
         run_id=run_id,
         step=step,
         loss=r.loss,

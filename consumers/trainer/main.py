@@ -58,6 +58,7 @@ class TrainerRole:
                 cfg.max_steps,
                 stop,
                 s.checkpoint_every,
+                s.incarnation,
             )
             await run_trainer(bus, worker)
         return s.state.step

@@ -7,6 +7,7 @@ names as keys), so a checkpoint written by one process resumes under FSDP and ba
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import cast
 
@@ -51,6 +52,8 @@ class Session:
     hooks: Hooks
     checkpoint_every: int = 1
     """Steps between saved trainer states (TrainerConfig.checkpoint_every)."""
+    incarnation: str = ""
+    """"" when the session started the run; a resumed session's own id (TrainerWorker)."""
 
 
 def open_session(
@@ -122,4 +125,5 @@ def open_session(
             weights=weights, state=everything, num_params=sum(p.numel() for p in model.parameters())
         ),
         cfg.checkpoint_every,
+        uuid.uuid4().hex if resume else "",
     )

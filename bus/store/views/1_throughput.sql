@@ -1,7 +1,8 @@
 -- Tokens per second by role and policy version. inference: completion tokens of the calls a
 -- version served, over the wall time from the first of those calls' start to the last one's end
 -- (NULL when that span is 0, e.g. calls not timed). trainer: the step that wrote the version,
--- its tokens over its own training seconds.
+-- its tokens over its own training seconds (its newest attempt, when a resumed trainer trained it
+-- again).
 
 CREATE OR REPLACE VIEW `throughput` AS
 SELECT
@@ -25,4 +26,4 @@ SELECT
     `num_tokens` AS `tokens`,
     if(`tokens_per_s` > 0, `num_tokens` / `tokens_per_s`, 0) AS `seconds`,
     if(`tokens_per_s` > 0, `tokens_per_s`, NULL) AS `tokens_per_s`
-FROM `train_steps` FINAL;
+FROM (SELECT * FROM `train_steps` FINAL ORDER BY `ts` DESC LIMIT 1 BY `run_id`, `step`);
