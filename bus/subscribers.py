@@ -59,12 +59,15 @@ class Delivery:
     holds: Holds | None = None
     record: ConsumerRecord | None = None
     dead: DeadLetters | None = None
+    index: int | None = None
+    """Its place among the events of a message that holds several (a batched topic); None
+    when the message holds it alone."""
 
     def reject(self, reason: str) -> None:
         """Dead-letter this message with `reason` (it is bad, not the handler): it is committed
         past like a handled one, and published to `dlq` with that commit."""
         if self.dead is not None and self.record is not None:
-            self.dead.add(self.topic, self.record, reason)
+            self.dead.add(self.topic, self.record, reason, self.index)
 
     def hold(self) -> None:
         """Keep this message uncommitted after the handler returns, until `release()`."""
@@ -150,8 +153,9 @@ class Subscriber(Generic[H]):
         raise NotImplementedError
 
     def _decode(self, polled: Polled, holds: Holds) -> tuple[Decoded, bool]:
-        """Deliveries of the polled records; undecodable ones become dead letters, redelivered
-        ids are dropped. Also says whether anything was dropped or dead-lettered."""
+        """Deliveries of the polled records (one per event: a batched topic's message may hold
+        several); undecodable ones become dead letters, redelivered ids are dropped. Also says
+        whether anything was dropped or dead-lettered."""
         good: Decoded = []
         skipped = False
         prefix = self.bus.kafka.topic_prefix
@@ -163,31 +167,34 @@ class Subscriber(Generic[H]):
                     skipped = True  # handled before a restart: its outputs are published
                     continue
                 try:
-                    event = from_record(topic, record, self.bus.claims)
+                    events = from_record(topic, record, self.bus.claims)
                 except Exception as exc:  # whatever stops a decode makes a dead letter
                     self.dead.add(topic, record, f"decode: {exc}")
                     skipped = True
                     continue
-                if self.seen is not None and not self.seen.add(event.event_id):
-                    skipped = True
-                    continue
-                if self.serves is not None and event.run_id != self.serves:
-                    self._other_run(event)
-                    skipped = True
-                    continue
+                several = len(events) > 1
                 headers = tuple(record.headers or ())
-                delivery = Delivery(
-                    event,
-                    topic,
-                    record.partition,
-                    record.offset,
-                    record.key,
-                    headers,
-                    holds,
-                    record,
-                    self.dead,
-                )
-                good.append((record, delivery))
+                for index, event in enumerate(events):
+                    if self.seen is not None and not self.seen.add(event.event_id):
+                        skipped = True
+                        continue
+                    if self.serves is not None and event.run_id != self.serves:
+                        self._other_run(event)
+                        skipped = True
+                        continue
+                    delivery = Delivery(
+                        event,
+                        topic,
+                        record.partition,
+                        record.offset,
+                        record.key,
+                        headers,
+                        holds,
+                        record,
+                        self.dead,
+                        index if several else None,
+                    )
+                    good.append((record, delivery))
         return good, skipped
 
     def _other_run(self, event: Event) -> None:
@@ -294,7 +301,7 @@ class BatchSubscriber(Subscriber[BatchHandler]):
             try:
                 await self.handler([delivery])
             except Exception as exc:
-                self.dead.add_failure(delivery.topic, record, exc)
+                self.dead.add_failure(delivery.topic, record, exc, delivery.index)
 
 
 class EventSubscriber(Subscriber[EventHandler]):
@@ -356,7 +363,7 @@ class EventSubscriber(Subscriber[EventHandler]):
             except Exception as exc:
                 if self.on_error == "stop":
                     raise
-                self.dead.add_failure(d.topic, record, exc)
+                self.dead.add_failure(d.topic, record, exc, d.index)
             # Not in a `finally`: a handler cancelled at stop keeps its hold, so the commit
             # never passes it and the event is redelivered.
             offsets.holds.discard(d.topic, d.partition, d.offset)

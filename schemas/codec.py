@@ -5,7 +5,9 @@ Every refusal is a DecodeError whose message says what was wrong in words a send
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
+from operator import attrgetter
 from typing import Any, Union
 
 import msgspec
@@ -28,13 +30,25 @@ def encode(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
+def encode_many(events: Sequence[Event]) -> bytes:
+    """One message's value for events of one batched topic and key: a msgpack array, or the
+    event alone when there is one (what readers of one event per message also read)."""
+    return _encoder.encode(events[0] if len(events) == 1 else list(events))
+
+
 def _kind_type(topic: Topic) -> Any:
     return topic.kinds[0] if len(topic.kinds) == 1 else Union[topic.kinds]  # noqa: UP007
 
 
 @cache
 def _msgpack_decoder(topic_name: str) -> msgspec.msgpack.Decoder:
-    return msgspec.msgpack.Decoder(_kind_type(BY_NAME[topic_name]))
+    topic = BY_NAME[topic_name]
+    kind = _kind_type(topic)
+    # A batched topic's message holds an event or an array of them (encode_many).
+    return msgspec.msgpack.Decoder(Union[kind, list[kind]] if topic.batched else kind)  # noqa: UP007
+
+
+_VERSION = attrgetter("schema_version")
 
 
 def sniff_json(raw: bytes) -> bool:
@@ -70,7 +84,15 @@ def _json_event(topic: Topic, raw: bytes) -> Event:
 
 
 def decode(topic_name: str, raw: bytes, content_type: str | None = None) -> Event:
-    """Decode a message of `topic_name`.
+    """Decode a message of `topic_name` holding one event (see decode_all)."""
+    events = decode_all(topic_name, raw, content_type)
+    if len(events) != 1:
+        raise DecodeError(f"a message of {len(events)} events on {topic_name!r}; expected one")
+    return events[0]
+
+
+def decode_all(topic_name: str, raw: bytes, content_type: str | None = None) -> list[Event]:
+    """The events of a message of `topic_name`: one, or on a batched topic any number but none.
 
     JSON is taken when the content-type says so or, with no content-type, when the bytes look
     like JSON, but only on topics that accept outside clients. Events of a newer schema than
@@ -81,7 +103,7 @@ def decode(topic_name: str, raw: bytes, content_type: str | None = None) -> Even
         raise DecodeError(f"unknown topic {topic_name!r}; known: {sorted(BY_NAME)}")
     is_json = content_type == JSON or (content_type is None and sniff_json(raw))
     try:
-        event = _json_event(topic, raw) if is_json else _msgpack_decoder(topic_name).decode(raw)
+        got = _json_event(topic, raw) if is_json else _msgpack_decoder(topic_name).decode(raw)
     except msgspec.ValidationError as exc:
         if not is_json and content_type is None and _looks_like_text(raw):
             raise DecodeError(
@@ -92,9 +114,13 @@ def decode(topic_name: str, raw: bytes, content_type: str | None = None) -> Even
     except msgspec.DecodeError as exc:
         fmt = "JSON" if is_json else "msgpack"
         raise DecodeError(f"undecodable {fmt} on {topic_name!r}: {exc}") from exc
-    if event.schema_version > SCHEMA_VERSION:
+    events = got if isinstance(got, list) else [got]
+    if not events:
+        raise DecodeError(f"an empty array of events on {topic_name!r}")
+    if max(map(_VERSION, events)) > SCHEMA_VERSION:
+        event = next(e for e in events if e.schema_version > SCHEMA_VERSION)
         raise DecodeError(
             f"{type(event).__name__} {event.event_id} has schema_version {event.schema_version}; "
             f"this rlbus reads up to {SCHEMA_VERSION} (upgrade the consumer)"
         )
-    return event
+    return events

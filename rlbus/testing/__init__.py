@@ -1,9 +1,11 @@
 """Test and benchmark support (like torch.testing), not part of any role: no role, command or
 launcher imports it. `scripted_server`: a scripted OpenAI-compatible model server (the test
 double for a remote LLM); `in_process`: every role of a run in one event loop; `browser`:
-Debian's headless chromium under Playwright, for the ui's browser tests and bench/analytics.py.
+Debian's headless chromium under Playwright, for the ui's browser tests and bench/analytics.py;
+`cpu`: CPU seconds of this and other processes, for benchmarks.
 """
 
+from rlbus.testing.cpu import CpuMeter, cpu_of, own_cpu
 from rlbus.testing.scripted_server import (
     ScriptedModel,
     ScriptedServer,
@@ -12,4 +14,13 @@ from rlbus.testing.scripted_server import (
     serve_in_child,
 )
 
-__all__ = ["ScriptedModel", "ScriptedServer", "reverse_task_word", "serve", "serve_in_child"]
+__all__ = [
+    "CpuMeter",
+    "ScriptedModel",
+    "ScriptedServer",
+    "cpu_of",
+    "own_cpu",
+    "reverse_task_word",
+    "serve",
+    "serve_in_child",
+]
