@@ -80,6 +80,21 @@ class Delivery:
             self.holds.discard(self.topic, self.partition, self.offset)
 
 
+def deliveries_of(
+    topic: str,
+    record: ConsumerRecord,
+    events: Sequence[Event],
+    holds: Holds | None = None,
+    dead: DeadLetters | None = None,
+) -> list[Delivery]:
+    """A delivery per event of a decoded record (numbered when the record holds several)."""
+    headers = tuple(record.headers or ())
+    where = (topic, record.partition, record.offset, record.key, headers, holds, record, dead)
+    if len(events) == 1:
+        return [Delivery(events[0], *where)]
+    return [Delivery(event, *where, index) for index, event in enumerate(events)]
+
+
 BatchHandler = Callable[[list[Delivery]], Awaitable[None]]
 EventHandler = Callable[[Delivery], Awaitable[None]]
 H = TypeVar("H", BatchHandler, EventHandler)
@@ -172,9 +187,8 @@ class Subscriber(Generic[H]):
                     self.dead.add(topic, record, f"decode: {exc}")
                     skipped = True
                     continue
-                several = len(events) > 1
-                headers = tuple(record.headers or ())
-                for index, event in enumerate(events):
+                for delivery in deliveries_of(topic, record, events, holds, self.dead):
+                    event = delivery.event
                     if self.seen is not None and not self.seen.add(event.event_id):
                         skipped = True
                         continue
@@ -182,18 +196,6 @@ class Subscriber(Generic[H]):
                         self._other_run(event)
                         skipped = True
                         continue
-                    delivery = Delivery(
-                        event,
-                        topic,
-                        record.partition,
-                        record.offset,
-                        record.key,
-                        headers,
-                        holds,
-                        record,
-                        self.dead,
-                        index if several else None,
-                    )
                     good.append((record, delivery))
         return good, skipped
 
