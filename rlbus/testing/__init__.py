@@ -5,7 +5,7 @@ Debian's headless chromium under Playwright, for the ui's browser tests and benc
 `cpu`: CPU seconds of this and other processes, for benchmarks.
 """
 
-from rlbus.testing.cpu import CpuMeter, cpu_of, own_cpu
+from rlbus.testing.cpu import CpuMeter, TreeCpuSampler, cpu_of, own_cpu, tree_cpu
 from rlbus.testing.scripted_server import (
     ScriptedModel,
     ScriptedServer,
@@ -18,9 +18,11 @@ __all__ = [
     "CpuMeter",
     "ScriptedModel",
     "ScriptedServer",
+    "TreeCpuSampler",
     "cpu_of",
     "own_cpu",
     "reverse_task_word",
     "serve",
     "serve_in_child",
+    "tree_cpu",
 ]
