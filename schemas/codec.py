@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 from operator import attrgetter
+from types import GenericAlias
 from typing import Any, Union
 
 import msgspec
@@ -45,7 +46,7 @@ def _msgpack_decoder(topic_name: str) -> msgspec.msgpack.Decoder:
     topic = BY_NAME[topic_name]
     kind = _kind_type(topic)
     # A batched topic's message holds an event or an array of them (encode_many).
-    return msgspec.msgpack.Decoder(Union[kind, list[kind]] if topic.batched else kind)  # noqa: UP007
+    return msgspec.msgpack.Decoder(kind | GenericAlias(list, (kind,)) if topic.batched else kind)
 
 
 _VERSION = attrgetter("schema_version")
