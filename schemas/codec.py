@@ -42,14 +42,16 @@ def _kind_type(topic: Topic) -> Any:
 
 
 @cache
-def _msgpack_decoder(topic_name: str) -> msgspec.msgpack.Decoder:
-    topic = BY_NAME[topic_name]
-    kind = _kind_type(topic)
-    # A batched topic's message holds an event or an array of them (encode_many).
-    return msgspec.msgpack.Decoder(kind | GenericAlias(list, (kind,)) if topic.batched else kind)
+def _msgpack_decoder(topic_name: str, many: bool = False) -> msgspec.msgpack.Decoder:
+    """One event of the topic, or (`many`: a batched topic's message, encode_many) an array of
+    them. Two decoders, chosen by the first byte: a union of both decodes 3x slower."""
+    kind = _kind_type(BY_NAME[topic_name])
+    return msgspec.msgpack.Decoder(GenericAlias(list, (kind,)) if many else kind)
 
 
 _VERSION = attrgetter("schema_version")
+_ARRAYS = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}
+"""First bytes of a msgpack array (an event is a map)."""
 
 
 def sniff_json(raw: bytes) -> bool:
@@ -104,7 +106,8 @@ def decode_all(topic_name: str, raw: bytes, content_type: str | None = None) -> 
         raise DecodeError(f"unknown topic {topic_name!r}; known: {sorted(BY_NAME)}")
     is_json = content_type == JSON or (content_type is None and sniff_json(raw))
     try:
-        got = _json_event(topic, raw) if is_json else _msgpack_decoder(topic_name).decode(raw)
+        many = topic.batched and bool(raw) and raw[0] in _ARRAYS
+        got = _json_event(topic, raw) if is_json else _msgpack_decoder(topic_name, many).decode(raw)
     except msgspec.ValidationError as exc:
         if not is_json and content_type is None and _looks_like_text(raw):
             raise DecodeError(
