@@ -3,8 +3,10 @@
 1. pipeline: rlbus publish -> embedded broker -> sink process -> ClickHouse (until every row
    is queryable), vs a bare aiokafka produce-and-consume of the same encoded bytes (the
    broker's own limit here). Both consumers have joined their group before the clock starts.
-2. sink: decode + Arrow conversion + insert through the Store, vs a bare chdb insert of a
-   prebuilt Arrow table of the same rows (`INSERT ... SELECT * FROM Python(tbl)`).
+2. sink: decode + Arrow conversion + insert through the Store as the role runs them, vs a bare
+   chdb insert of a prebuilt Arrow table of the same rows (`INSERT ... SELECT * FROM
+   Python(tbl)`); then each part alone (decode: records to events; convert: events to the
+   Arrow block and its dedup token; insert: the Store's insert of that block) next to it.
 
     python bench/bus.py [--events 100000] [--tokens 64]
 
@@ -21,22 +23,26 @@ from pathlib import Path
 
 import chdb
 import numpy as np
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from rich.console import Console
 from rich.table import Table
 
 from rlbus.bus import Bus, Delivery, EmbeddedBroker
+from rlbus.bus.claim_check import ClaimStore
+from rlbus.bus.records import CONTENT_TYPE, KIND, from_record
 from rlbus.bus.store import open_store
-from rlbus.bus.store.arrow import events_to_arrow
+from rlbus.bus.store.client import block_token
+from rlbus.bus.subscribers import deliveries_of
 from rlbus.bus.waiting import wait_for
 from rlbus.config import Settings, load_settings
 from rlbus.consumers.sink import Sink
+from rlbus.consumers.sink.sink import messages_of, storable
 from rlbus.discovery import store_served_elsewhere
 from rlbus.launch.processes import RoleProcess, alive
 from rlbus.schemas import TokenRecord, codec, derived_id
 from rlbus.schemas.packed import pack_logprobs, pack_tokens
 
-console = Console()
+console = Console(width=140)
 
 
 def make_records(n: int, tokens: int, run_id: str) -> list[TokenRecord]:
@@ -138,56 +144,80 @@ def pipeline(settings: Settings, events: list[TokenRecord], logs: Path) -> float
         sink.stop()
 
 
-def sink_vs_chdb(settings: Settings, payloads: list[bytes]) -> tuple[float, float]:
-    """Rows/s of the sink's handling path and of a bare chdb Arrow insert, same rows, same
-    engine, each into an empty table."""
+def consumed(payloads: list[bytes], topic: str = "tokens") -> list[ConsumerRecord]:
+    """The payloads as the sink's consumer hands them over: records with rlbus's headers."""
+    headers = [(CONTENT_TYPE, codec.MSGPACK.encode()), (KIND, b"TokenRecord")]
+    return [
+        ConsumerRecord(topic, 0, offset, 0, 0, None, raw, None, 0, len(raw), headers)
+        for offset, raw in enumerate(payloads)
+    ]
+
+
+def sink_parts(settings: Settings, payloads: list[bytes]) -> dict[str, float]:
+    """Rows/s of each part of the sink's handling, of the whole as the role runs it (the next
+    poll decoded while one is stored), and of a bare chdb Arrow insert of the same rows; each
+    insert into an empty table."""
     batch = settings.store.batch_rows
-    run = "sink-bench"
+    polls = [consumed(payloads[i : i + batch]) for i in range(0, len(payloads), batch)]
+    claims = ClaimStore(settings.claim_check)
     with open_store(settings.store.url) as store:
+        sink = Sink(store)
+
+        def decode(records: list[ConsumerRecord]) -> list[Delivery]:
+            # As the sink's subscriber does: each record's events, a delivery each.
+            return [
+                d
+                for r in records
+                for d in deliveries_of("tokens", r, from_record("tokens", r, claims))
+            ]
+
         # Both start from empty tables: the pipeline part's rows (and their background merges)
         # would otherwise weigh on the sink's inserts alone.
         store.command("TRUNCATE TABLE tokens")
-        sink = Sink(store)
+        seconds = dict.fromkeys(("decode", "convert", "insert"), 0.0)
+        for records in polls:
+            started = time.perf_counter()
+            deliveries = decode(records)
+            decoded = time.perf_counter()
+            block, good = storable(deliveries)
+            token = block_token(TokenRecord, messages_of(good))
+            converted = time.perf_counter()
+            store.insert_block(TokenRecord, block, token)
+            inserted = time.perf_counter()
+            seconds["decode"] += decoded - started
+            seconds["convert"] += converted - decoded
+            seconds["insert"] += inserted - converted
+        blocks = [storable(decode(records))[0] for records in polls]
 
-        def decoded(i: int) -> list[Delivery]:
-            deliveries = []
-            for offset, raw in enumerate(payloads[i : i + batch], start=i):
-                event = codec.decode("tokens", raw)
-                event.run_id = run
-                deliveries.append(Delivery(event, "tokens", 0, offset))
-            return deliveries
+        store.command("TRUNCATE TABLE tokens")
 
         async def handle_all() -> None:
             # As the role's batch subscriber does: one event loop (its worker threads and their
-            # chdb connections made once), and the next batch decoded while one is stored.
+            # chdb connections made once), and the next poll decoded while one is stored.
             in_flight: asyncio.Task[None] | None = None
-            for i in range(0, len(payloads), batch):
-                deliveries = decoded(i)
+            for records in polls:
+                deliveries = decode(records)
                 if in_flight is not None:
                     await in_flight
                 in_flight = asyncio.create_task(sink.handle(deliveries))
             if in_flight is not None:
                 await in_flight
 
-        start = time.perf_counter()
+        started = time.perf_counter()
         asyncio.run(handle_all())
-        sink_s = time.perf_counter() - start
+        seconds["sink"] = time.perf_counter() - started
 
         store.command("CREATE TABLE IF NOT EXISTS tokens_bare AS tokens")
-        tables = []
-        for i in range(0, len(payloads), batch):
-            events = [codec.decode("tokens", raw) for raw in payloads[i : i + batch]]
-            tables.append(events_to_arrow(events, [0] * len(events), range(i, i + len(events))))
         conn = chdb.connect(str(store.data_dir))
-        start = time.perf_counter()
-        columns = ", ".join(tables[0].column_names)
-        for tbl in tables:  # noqa: B007 - chdb's Python() table function reads `tbl` by name
+        started = time.perf_counter()
+        columns = ", ".join(blocks[0].column_names)
+        for tbl in blocks:  # noqa: B007 - chdb's Python() table function reads `tbl` by name
             conn.query(f"INSERT INTO tokens_bare ({columns}) SELECT * FROM Python(tbl)")
-        bare_s = time.perf_counter() - start
-        landed = store.query(f"SELECT count() FROM tokens WHERE run_id = '{run}'").rows[0][0]
+        seconds["bare"] = time.perf_counter() - started
+        landed = store.query("SELECT count() FROM tokens").rows[0][0]
         bare_landed = store.query("SELECT count() FROM tokens_bare").rows[0][0]
         assert landed == bare_landed == len(payloads), (landed, bare_landed)
-    return len(payloads) / sink_s, len(payloads) / bare_s
+    return {part: len(payloads) / s for part, s in seconds.items()}
 
 
 def main() -> None:
@@ -213,14 +243,13 @@ def main() -> None:
         )
         bare_s = asyncio.run(bare_aiokafka(broker.bootstrap_servers, payloads))
         pipe_s = pipeline(settings, events, Path(tmp) / "logs")
-        sink_rps, chdb_rps = sink_vs_chdb(settings, payloads)
+        parts = sink_parts(settings, payloads)
 
     n = args.events
     table = Table(title="event log throughput (same run)")
     for col in ("path", "events/s", "baseline", "baseline events/s", "ratio"):
         table.add_column(col, justify="left" if col in ("path", "baseline") else "right")
     pipeline_ratio = (n / pipe_s) / (n / bare_s)
-    sink_ratio = sink_rps / chdb_rps
     table.add_row(
         "publish → broker → sink → ClickHouse",
         f"{n / pipe_s:,.0f}",
@@ -228,15 +257,24 @@ def main() -> None:
         f"{n / bare_s:,.0f}",
         f"{pipeline_ratio:.2f}",
     )
-    table.add_row(
-        "sink: decode + Arrow + insert",
-        f"{sink_rps:,.0f}",
-        "bare chdb Arrow insert",
-        f"{chdb_rps:,.0f}",
-        f"{sink_ratio:.2f}",
-    )
+    bare = parts["bare"]
+    for part, what in (
+        ("sink", "sink: decode + Arrow + insert"),
+        ("decode", "  its decode (records → events)"),
+        ("convert", "  its convert (events → Arrow block, token)"),
+        ("insert", "  its insert (Store.insert_block)"),
+    ):
+        table.add_row(
+            what,
+            f"{parts[part]:,.0f}",
+            "bare chdb Arrow insert",
+            f"{bare:,.0f}",
+            f"{parts[part] / bare:.2f}",
+        )
     console.print(table)
-    print(f"RESULT pipeline_vs_aiokafka={pipeline_ratio:.3f} sink_vs_chdb={sink_ratio:.3f}")
+    print(
+        f"RESULT pipeline_vs_aiokafka={pipeline_ratio:.3f} sink_vs_chdb={parts['sink'] / bare:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -147,14 +147,10 @@ def trl_side(args: argparse.Namespace) -> None:
 
 
 def ensure_trl_venv() -> Path:
-    python = VENV / "bin" / "python"
-    if python.exists() and subprocess.run([python, "-c", "import trl"]).returncode == 0:
-        return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", VENV], check=True)
+    from rlbus.testing.venvs import own_venv
+
     # torch first, pinned: from local disk a CPU build; a looser pin would pull CUDA wheels.
-    subprocess.run([python, "-m", "pip", "install", "-q", "torch==2.13.0"], check=True)
-    subprocess.run([python, "-m", "pip", "install", "-q", *TRL_PACKAGES], check=True)
-    return python
+    return own_venv(VENV, [["torch==2.13.0"], TRL_PACKAGES], "import trl")
 
 
 class Task:

@@ -129,12 +129,20 @@ class FastStreamBus:
     ) -> Any:
         """A FastStream subscriber of `topics` (unprefixed rlbus names) in consumer group
         `group`, reading from the earliest uncommitted message. The handler takes one event
-        (or, with `batch=True`, a list of them) typed as rlbus's event classes. `run`: handle
+        (or, with `batch=True`, a list of them) typed as rlbus's event classes; batched topics
+        (trace-nodes, tokens: a message holds a rollout's events) take `batch=True`. `run`: handle
         only that run's events (others are committed past, unhandled). Other keywords go to
         FastStream's `KafkaBroker.subscriber`."""
         unknown = [t for t in topics if t not in BY_NAME]
         if unknown or not topics:
             raise ValueError(f"unknown topics {unknown or '(none)'}; known: {sorted(BY_NAME)}")
+        batched = [t for t in topics if BY_NAME[t].batched]
+        if batched and not batch:
+            raise ValueError(
+                f"a message on {', '.join(batched)} holds a rollout's events of that kind (a "
+                "list): subscribe with batch=True and take list[...] "
+                "(docs/kafka-clients.md: batched topics)"
+            )
         options.setdefault("ack_policy", AckPolicy.ACK)
         options.setdefault("auto_offset_reset", "earliest")
         options.setdefault("max_partition_fetch_bytes", self.kafka.max_request_size)
@@ -174,13 +182,14 @@ class FastStreamBus:
             for record in records:
                 topic = record.topic[len(self.kafka.topic_prefix) :]
                 try:
-                    event = from_record(topic, record, self.claims)
+                    decoded = from_record(topic, record, self.claims)
                 except Exception as exc:  # whatever stops a decode makes a dead letter
                     letters.add(topic, record, f"decode: {exc}")
                     continue
-                if run is None or event.run_id == run:
+                mine = [event for event in decoded if run is None or event.run_id == run]
+                if mine:
                     handed.append(record)
-                    events.append(event)
+                    events += mine
             if dead := letters.take():
                 await self.publish(*dead)
             setattr(message, HANDED, handed)
@@ -252,12 +261,18 @@ def _describe(topic: Topic) -> str:
     json_note = (
         "; JSON objects from any Kafka client are accepted too" if topic.accepts_json else ""
     )
+    batched_note = (
+        " A message holds one event or a msgpack array of events of one key (what one rollout "
+        "produced in one publish)."
+        if topic.batched
+        else ""
+    )
     return (
         f"Events: {kinds}. Kafka key: the event's `{topic.key_field}` (equal keys share a "
         f"partition). Read by rlbus's roles: {readers}. Values are msgpack (header `content-type: "
         f"{codec.MSGPACK}`{json_note}); header `rlbus-kind` names the event class; an event "
         f"over the claim-check threshold travels as a stub whose `rlbus-claim-check` header "
-        f"holds its URI."
+        f"holds its URI.{batched_note}"
     )
 
 

@@ -45,9 +45,20 @@ class DeadLetters:
         self.prefix = prefix
         self.pending: list[DeadLetter] = []
 
-    def add(self, topic: str, record: ConsumerRecord, error: str) -> None:
+    def add(self, topic: str, record: ConsumerRecord, error: str, index: int | None = None) -> None:
+        """`index`: the event's place in a message of several (each gets a letter of its own
+        id); None for the message as a whole."""
         raw = record.value or b""
-        where = ("dlq", self.group, self.prefix + topic, record.partition, record.offset)
+        where: tuple[object, ...] = (
+            "dlq",
+            self.group,
+            self.prefix + topic,
+            record.partition,
+            record.offset,
+        )
+        if index is not None:
+            where += (index,)
+            error = f"event {index} of the message: {error}"
         self.pending.append(
             DeadLetter(
                 event_id=record_id(*where, timestamp=record.timestamp, raw=raw),
@@ -61,10 +72,12 @@ class DeadLetters:
             )
         )
 
-    def add_failure(self, topic: str, record: ConsumerRecord, exc: Exception) -> None:
-        """A handler raised on this message alone."""
+    def add_failure(
+        self, topic: str, record: ConsumerRecord, exc: Exception, index: int | None = None
+    ) -> None:
+        """A handler raised on this message (or on its event at `index`) alone."""
         trace = traceback.format_exc(limit=5)
-        self.add(topic, record, f"handler: {type(exc).__name__}: {exc}\n{trace}")
+        self.add(topic, record, f"handler: {type(exc).__name__}: {exc}\n{trace}", index)
 
     def take(self) -> list[DeadLetter]:
         letters, self.pending = self.pending, []

@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind
 from rlbus.bus import telemetry
 from rlbus.bus.claim_check import ClaimStore
 from rlbus.bus.connection import client_options
-from rlbus.bus.records import Headers, to_message
+from rlbus.bus.records import Headers, messages_of, to_batch_message
 from rlbus.config import KafkaConfig
 from rlbus.schemas import Event, topic_of
 
@@ -99,30 +99,38 @@ class Publisher:
     async def publish_many(
         self, events: Sequence[Event], parents: Mapping[str, Context | None] | None = None
     ) -> None:
-        """Publish events (any topics) and wait until the broker acknowledged all of them.
+        """Publish events (any topics) and wait until the broker acknowledged all of them. On a
+        batched topic, the events of one key travel as one message (records.messages_of).
         `parents`: the trace context to publish an event in, by event id (default: the
-        current one), so events published together still join their own rollouts' traces."""
+        current one), so events published together still join their own rollouts' traces; a
+        message is published in its first event's."""
         producer = self._started()
-        await self.topics.ensure({topic_of(e).name for e in events})
-        futures = []
-        traced = telemetry.enabled()
         for event in events:
             if not event.run_id:
                 event.run_id = self.run_id
-            if not traced:  # the hot path: no span machinery per event when nobody collects
-                futures.append(await self._send(producer, event))
+        await self.topics.ensure({topic_of(e).name for e in events})
+        futures = []
+        traced = telemetry.enabled()
+        for message in messages_of(events):
+            if not traced:  # the hot path: no span machinery per message when nobody collects
+                futures.append(await self._send(producer, message))
                 continue
-            attributes = {"messaging.system": "kafka", "rlbus.event_id": event.event_id}
-            name = f"publish {topic_of(event).name}"
-            parent = parents.get(event.event_id) if parents else None
+            first = message[0]
+            attributes = {
+                "messaging.system": "kafka",
+                "rlbus.events": len(message),
+                "rlbus.event_id": first.event_id,
+            }
+            name = f"publish {topic_of(first).name}"
+            parent = parents.get(first.event_id) if parents else None
             with telemetry.span(name, SpanKind.PRODUCER, parent, attributes):
-                futures.append(await self._send(producer, event))
+                futures.append(await self._send(producer, message))
         if futures:
             for meta in await asyncio.gather(*futures):
                 self._acked(meta)
 
-    async def _send(self, producer: AIOKafkaProducer, event: Event) -> asyncio.Future:
-        m = to_message(event, self.claims)
+    async def _send(self, producer: AIOKafkaProducer, events: list[Event]) -> asyncio.Future:
+        m = to_batch_message(events, self.claims)
         return await producer.send(self.topics.name(m.topic), m.value, key=m.key, headers=m.headers)
 
     async def publish_raw(

@@ -1,9 +1,11 @@
-"""An event as a Kafka message and back: a msgpack value, `content-type` and `rlbus-kind`
-headers, W3C trace context, and the claim check for payloads over the threshold. JSON from
-outside clients is accepted on the topics that allow it."""
+"""Events as a Kafka message and back: a msgpack value (one event, or on a batched topic an
+array of one key's events), `content-type` and `rlbus-kind` headers, W3C trace context, and
+the claim check for payloads over the threshold. JSON from outside clients is accepted on the
+topics that allow it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -29,25 +31,55 @@ class Message:
     headers: Headers
 
 
+_MSGPACK = codec.MSGPACK.encode()
+
+
+def messages_of(events: Sequence[Event]) -> list[list[Event]]:
+    """The events of one publish as messages, in order of first appearance: on a batched topic
+    one message per key (a rollout's trace nodes together), elsewhere one per event."""
+    out: list[list[Event]] = []
+    open_: dict[tuple[str, bytes], list[Event]] = {}
+    for event in events:
+        topic = topic_of(event)
+        if not topic.batched:
+            out.append([event])
+            continue
+        where = (topic.name, key_of(event))
+        group = open_.get(where)
+        if group is None:
+            group = open_[where] = []
+            out.append(group)
+        group.append(event)
+    return out
+
+
 def to_message(event: Event, claims: ClaimStore) -> Message:
     """Encode an event; a payload over the claim-check threshold is stored and replaced by a
     stub."""
-    topic = topic_of(event).name
-    kind = type(event).__name__
-    value = codec.encode(event)
-    headers: Headers = [(CONTENT_TYPE, codec.MSGPACK.encode()), (KIND, kind.encode())]
+    return to_batch_message([event], claims)
+
+
+def to_batch_message(events: Sequence[Event], claims: ClaimStore) -> Message:
+    """One message for events of one kind and key (several only on a batched topic: what one
+    rollout produces), encoded once; the first event names it (claim check)."""
+    first = events[0]
+    topic = topic_of(first).name
+    kind = type(first).__name__
+    value = codec.encode_many(events)
+    headers: Headers = [(CONTENT_TYPE, _MSGPACK), (KIND, kind.encode())]
     if claims.needed(value):
-        key = claims.put(topic, event.event_id, value)
+        key = claims.put(topic, first.event_id, value)
         headers.append((CLAIM_HEADER, key.encode()))
-        value = msgspec.msgpack.encode(ClaimStub(kind, event.event_id, key, len(value)))
+        value = msgspec.msgpack.encode(ClaimStub(kind, first.event_id, key, len(value)))
     if telemetry.enabled():
         telemetry.inject_headers(headers)
-    return Message(topic, key_of(event), value, headers)
+    return Message(topic, key_of(first), value, headers)
 
 
-def from_record(topic: str, record: ConsumerRecord, claims: ClaimStore) -> Event:
-    """Decode a consumed record of `topic` (unprefixed). Raises with a reason a person can act
-    on (schemas.DecodeError, or ClaimError for a claim reference that is not read)."""
+def from_record(topic: str, record: ConsumerRecord, claims: ClaimStore) -> list[Event]:
+    """The events of a consumed record of `topic` (unprefixed): one, or several on a batched
+    topic. Raises with a reason a person can act on (schemas.DecodeError, or ClaimError for a
+    claim reference that is not read)."""
     headers = dict(record.headers or ())
     raw = record.value or b""
     if CLAIM_HEADER in headers:
@@ -65,4 +97,4 @@ def from_record(topic: str, record: ConsumerRecord, claims: ClaimStore) -> Event
             )
         raw = claims.get(stub.key, stub.size)
     content_type = headers.get(CONTENT_TYPE)
-    return codec.decode(topic, raw, content_type.decode() if content_type else None)
+    return codec.decode_all(topic, raw, content_type.decode() if content_type else None)

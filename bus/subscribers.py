@@ -59,12 +59,15 @@ class Delivery:
     holds: Holds | None = None
     record: ConsumerRecord | None = None
     dead: DeadLetters | None = None
+    index: int | None = None
+    """Its place among the events of a message that holds several (a batched topic); None
+    when the message holds it alone."""
 
     def reject(self, reason: str) -> None:
         """Dead-letter this message with `reason` (it is bad, not the handler): it is committed
         past like a handled one, and published to `dlq` with that commit."""
         if self.dead is not None and self.record is not None:
-            self.dead.add(self.topic, self.record, reason)
+            self.dead.add(self.topic, self.record, reason, self.index)
 
     def hold(self) -> None:
         """Keep this message uncommitted after the handler returns, until `release()`."""
@@ -75,6 +78,21 @@ class Delivery:
         """Done with a held message: its partition may be committed past it again."""
         if self.holds is not None:
             self.holds.discard(self.topic, self.partition, self.offset)
+
+
+def deliveries_of(
+    topic: str,
+    record: ConsumerRecord,
+    events: Sequence[Event],
+    holds: Holds | None = None,
+    dead: DeadLetters | None = None,
+) -> list[Delivery]:
+    """A delivery per event of a decoded record (numbered when the record holds several)."""
+    headers = tuple(record.headers or ())
+    where = (topic, record.partition, record.offset, record.key, headers, holds, record, dead)
+    if len(events) == 1:
+        return [Delivery(events[0], *where)]
+    return [Delivery(event, *where, index) for index, event in enumerate(events)]
 
 
 BatchHandler = Callable[[list[Delivery]], Awaitable[None]]
@@ -150,8 +168,9 @@ class Subscriber(Generic[H]):
         raise NotImplementedError
 
     def _decode(self, polled: Polled, holds: Holds) -> tuple[Decoded, bool]:
-        """Deliveries of the polled records; undecodable ones become dead letters, redelivered
-        ids are dropped. Also says whether anything was dropped or dead-lettered."""
+        """Deliveries of the polled records (one per event: a batched topic's message may hold
+        several); undecodable ones become dead letters, redelivered ids are dropped. Also says
+        whether anything was dropped or dead-lettered."""
         good: Decoded = []
         skipped = False
         prefix = self.bus.kafka.topic_prefix
@@ -163,31 +182,21 @@ class Subscriber(Generic[H]):
                     skipped = True  # handled before a restart: its outputs are published
                     continue
                 try:
-                    event = from_record(topic, record, self.bus.claims)
+                    events = from_record(topic, record, self.bus.claims)
                 except Exception as exc:  # whatever stops a decode makes a dead letter
                     self.dead.add(topic, record, f"decode: {exc}")
                     skipped = True
                     continue
-                if self.seen is not None and not self.seen.add(event.event_id):
-                    skipped = True
-                    continue
-                if self.serves is not None and event.run_id != self.serves:
-                    self._other_run(event)
-                    skipped = True
-                    continue
-                headers = tuple(record.headers or ())
-                delivery = Delivery(
-                    event,
-                    topic,
-                    record.partition,
-                    record.offset,
-                    record.key,
-                    headers,
-                    holds,
-                    record,
-                    self.dead,
-                )
-                good.append((record, delivery))
+                for delivery in deliveries_of(topic, record, events, holds, self.dead):
+                    event = delivery.event
+                    if self.seen is not None and not self.seen.add(event.event_id):
+                        skipped = True
+                        continue
+                    if self.serves is not None and event.run_id != self.serves:
+                        self._other_run(event)
+                        skipped = True
+                        continue
+                    good.append((record, delivery))
         return good, skipped
 
     def _other_run(self, event: Event) -> None:
@@ -294,7 +303,7 @@ class BatchSubscriber(Subscriber[BatchHandler]):
             try:
                 await self.handler([delivery])
             except Exception as exc:
-                self.dead.add_failure(delivery.topic, record, exc)
+                self.dead.add_failure(delivery.topic, record, exc, delivery.index)
 
 
 class EventSubscriber(Subscriber[EventHandler]):
@@ -356,7 +365,7 @@ class EventSubscriber(Subscriber[EventHandler]):
             except Exception as exc:
                 if self.on_error == "stop":
                     raise
-                self.dead.add_failure(d.topic, record, exc)
+                self.dead.add_failure(d.topic, record, exc, d.index)
             # Not in a `finally`: a handler cancelled at stop keeps its hold, so the commit
             # never passes it and the event is redelivered.
             offsets.holds.discard(d.topic, d.partition, d.offset)

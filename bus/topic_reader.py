@@ -66,9 +66,8 @@ async def read_back(bus: Bus, topic: str, run_id: str) -> list[Event]:
     events: list[Event] = []
     for record in await read_records(bus, topic):
         try:
-            event = from_record(topic, record, bus.claims)
+            decoded = from_record(topic, record, bus.claims)
         except Exception:  # not ours to judge here
             continue
-        if event.run_id == run_id:
-            events.append(event)
+        events += [event for event in decoded if event.run_id == run_id]
     return events

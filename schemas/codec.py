@@ -5,7 +5,10 @@ Every refusal is a DecodeError whose message says what was wrong in words a send
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
+from operator import attrgetter
+from types import GenericAlias
 from typing import Any, Union
 
 import msgspec
@@ -28,13 +31,27 @@ def encode(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
+def encode_many(events: Sequence[Event]) -> bytes:
+    """One message's value for events of one batched topic and key: a msgpack array, or the
+    event alone when there is one (what readers of one event per message also read)."""
+    return _encoder.encode(events[0] if len(events) == 1 else list(events))
+
+
 def _kind_type(topic: Topic) -> Any:
     return topic.kinds[0] if len(topic.kinds) == 1 else Union[topic.kinds]  # noqa: UP007
 
 
 @cache
-def _msgpack_decoder(topic_name: str) -> msgspec.msgpack.Decoder:
-    return msgspec.msgpack.Decoder(_kind_type(BY_NAME[topic_name]))
+def _msgpack_decoder(topic_name: str, many: bool = False) -> msgspec.msgpack.Decoder:
+    """One event of the topic, or (`many`: a batched topic's message, encode_many) an array of
+    them. Two decoders, chosen by the first byte: a union of both decodes 3x slower."""
+    kind = _kind_type(BY_NAME[topic_name])
+    return msgspec.msgpack.Decoder(GenericAlias(list, (kind,)) if many else kind)
+
+
+_VERSION = attrgetter("schema_version")
+_ARRAYS = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}
+"""First bytes of a msgpack array (an event is a map)."""
 
 
 def sniff_json(raw: bytes) -> bool:
@@ -70,7 +87,15 @@ def _json_event(topic: Topic, raw: bytes) -> Event:
 
 
 def decode(topic_name: str, raw: bytes, content_type: str | None = None) -> Event:
-    """Decode a message of `topic_name`.
+    """Decode a message of `topic_name` holding one event (see decode_all)."""
+    events = decode_all(topic_name, raw, content_type)
+    if len(events) != 1:
+        raise DecodeError(f"a message of {len(events)} events on {topic_name!r}; expected one")
+    return events[0]
+
+
+def decode_all(topic_name: str, raw: bytes, content_type: str | None = None) -> list[Event]:
+    """The events of a message of `topic_name`: one, or on a batched topic any number but none.
 
     JSON is taken when the content-type says so or, with no content-type, when the bytes look
     like JSON, but only on topics that accept outside clients. Events of a newer schema than
@@ -81,7 +106,8 @@ def decode(topic_name: str, raw: bytes, content_type: str | None = None) -> Even
         raise DecodeError(f"unknown topic {topic_name!r}; known: {sorted(BY_NAME)}")
     is_json = content_type == JSON or (content_type is None and sniff_json(raw))
     try:
-        event = _json_event(topic, raw) if is_json else _msgpack_decoder(topic_name).decode(raw)
+        many = topic.batched and bool(raw) and raw[0] in _ARRAYS
+        got = _json_event(topic, raw) if is_json else _msgpack_decoder(topic_name, many).decode(raw)
     except msgspec.ValidationError as exc:
         if not is_json and content_type is None and _looks_like_text(raw):
             raise DecodeError(
@@ -92,9 +118,13 @@ def decode(topic_name: str, raw: bytes, content_type: str | None = None) -> Even
     except msgspec.DecodeError as exc:
         fmt = "JSON" if is_json else "msgpack"
         raise DecodeError(f"undecodable {fmt} on {topic_name!r}: {exc}") from exc
-    if event.schema_version > SCHEMA_VERSION:
+    events = got if isinstance(got, list) else [got]
+    if not events:
+        raise DecodeError(f"an empty array of events on {topic_name!r}")
+    if max(map(_VERSION, events)) > SCHEMA_VERSION:
+        event = next(e for e in events if e.schema_version > SCHEMA_VERSION)
         raise DecodeError(
             f"{type(event).__name__} {event.event_id} has schema_version {event.schema_version}; "
             f"this rlbus reads up to {SCHEMA_VERSION} (upgrade the consumer)"
         )
-    return event
+    return events

@@ -31,13 +31,17 @@ class Topic:
     """The rlbus roles that read this topic (their groups are `role.run...`: schemas.group_of)."""
     accepts_json: bool = False
     """Outside clients may publish JSON here (no rlbus code needed)."""
+    batched: bool = False
+    """A message may hold several events of one key (a msgpack array): what one rollout
+    produces in one publish travels as one message. Every rlbus reader of the topic takes
+    arrays; per-event readers see one event at a time (Delivery.index numbers them)."""
 
 
 TOPICS: tuple[Topic, ...] = (
     Topic("tasks", "task_id", (TaskPublished,), ("env", "sink"), accepts_json=True),
     Topic("rollouts", "group_id", (RolloutCompleted,), ("judge", "sink")),
-    Topic("trace-nodes", "rollout_id", (TraceNode,)),
-    Topic("tokens", "rollout_id", (TokenRecord,), ("orchestrator", "sink")),
+    Topic("trace-nodes", "rollout_id", (TraceNode,), batched=True),
+    Topic("tokens", "rollout_id", (TokenRecord,), ("orchestrator", "sink"), batched=True),
     Topic("scored", "group_id", (RolloutScored,), ("orchestrator", "sink")),
     Topic("batches", "run_id", (TrainBatch,), ("trainer", "sink")),
     Topic(

@@ -12,8 +12,16 @@ from aiokafka import AIOKafkaProducer
 
 from rlbus.bus import Bus, Delivery, telemetry
 from rlbus.bus.claim_check import HEADER as CLAIM_HEADER
+from rlbus.bus.topic_reader import read_back, read_records
 from rlbus.config import Settings
-from rlbus.schemas import DeadLetter, RolloutCompleted, TaskPublished, TokenRecord
+from rlbus.schemas import (
+    DeadLetter,
+    RolloutCompleted,
+    RolloutScored,
+    TaskPublished,
+    TokenRecord,
+    TraceNode,
+)
 from rlbus.schemas.packed import pack_logprobs, pack_tokens
 
 
@@ -245,3 +253,30 @@ async def test_reading_a_topic_back_always_starts_at_its_beginning(settings: Set
         for _ in range(5):
             reads = await asyncio.gather(*(read_records(bus, "tasks") for _ in range(20)))
             assert [len(records) for records in reads] == [1] * 20
+
+
+async def test_a_rollouts_nodes_and_tokens_travel_as_one_message_each(settings: Settings) -> None:
+    """Batched topics: what one publish holds of a rollout's trace nodes (and token records) is
+    one message, encoded once; readers still see every event, numbered within its message."""
+    nodes = [
+        TraceNode(node_id=f"{r}-n{i}", rollout_id=r, index=i)
+        for r in ("r1", "r2")
+        for i in range(3)
+    ]
+    tokens = [TokenRecord(rollout_id="r1", call_index=i) for i in range(2)]
+    scored = [RolloutScored(rollout_id=r, group_id="g", task_id="t", env="e") for r in ("r1", "r2")]
+    async with Bus.of(settings) as bus:
+        await bus.publish_many([*nodes, *tokens, *scored])
+        records = {t: await read_records(bus, t) for t in ("trace-nodes", "tokens", "scored")}
+        back = await read_back(bus, "trace-nodes", settings.run_id)
+        got = await collect(bus, "readers", ["trace-nodes"], len(nodes))
+    assert {t: len(r) for t, r in records.items()} == {"trace-nodes": 2, "tokens": 1, "scored": 2}
+    assert sorted(n.node_id for n in back) == sorted(n.node_id for n in nodes)
+    by_rollout: dict[str, list[tuple[Delivery, TraceNode]]] = {}
+    for d in got:
+        assert isinstance(d.event, TraceNode)
+        by_rollout.setdefault(d.event.rollout_id, []).append((d, d.event))
+    for rollout, pairs in by_rollout.items():
+        assert [d.index for d, _ in pairs] == [0, 1, 2], rollout
+        assert len({(d.partition, d.offset) for d, _ in pairs}) == 1  # one message
+        assert [node.node_id for _, node in pairs] == [f"{rollout}-n{i}" for i in range(3)]

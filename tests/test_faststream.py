@@ -107,9 +107,9 @@ async def test_rlbus_events_arrive_typed_and_failures_are_dead_lettered(
             raise RuntimeError("the alert service is down")
         got["scored"].append(event)
 
-    @rl.subscriber("tokens", group="archive")
-    async def on_tokens(event: TokenRecord) -> None:
-        got["tokens"].append(event)
+    @rl.subscriber("tokens", group="archive", batch=True)
+    async def on_tokens(events: list[TokenRecord]) -> None:
+        got["tokens"].extend(events)
 
     @rl.subscriber("tasks", group="mirror", batch=True)
     async def on_tasks(events: list[TaskPublished]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,15 @@ from rlbus.config import Settings
 from rlbus.consumers.judge.main import run as run_judge
 from rlbus.discovery import store_served_elsewhere
 from rlbus.launch.processes import RoleProcess, alive
-from rlbus.producers.environment import Scorer, TaskSet, group_reward, load_environment, reward
+from rlbus.producers.environment import (
+    Scorer,
+    TaskSet,
+    group_reward,
+    load_environment,
+    metric,
+    reward,
+)
+from rlbus.producers.environment.rules import threads
 from rlbus.producers.main import run as run_env_producer
 from rlbus.schemas import RolloutCompleted, RolloutScored
 from rlbus.testing import ScriptedModel, ScriptedServer
@@ -41,6 +50,30 @@ class Fragile(TaskSet):
         if text == "slow":
             await asyncio.sleep(30)
         return 0.0
+
+
+CALLED: list[tuple[str, str]] = []
+
+
+class Synchronous(TaskSet):
+    """Three synchronous rules; the middle one blocks on "hog"."""
+
+    @reward
+    def first(self, text: str) -> float:
+        CALLED.append(("first", text))
+        return 1.0
+
+    @reward
+    def hog(self, text: str) -> float:
+        CALLED.append(("hog", text))
+        if text == "hog":
+            time.sleep(2)
+        return 0.5
+
+    @metric
+    def chars(self, text: str) -> float:
+        CALLED.append(("chars", text))
+        return float(len(text))
 
 
 class BadGroup(TaskSet):
@@ -80,6 +113,33 @@ def test_a_reward_that_raises_or_times_out_errors_only_its_rollout() -> None:
         and scored[1].reward == 0.0
     )
     assert scored[2].error == "reward 'slow' timed out after 0.3s"
+
+
+def test_a_rollouts_synchronous_rules_go_to_their_threads_in_one_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One hand-over to the rules' threads per rollout, not one per rule (each cost the event
+    loop a thread wake-up and a self-pipe round trip); each rule keeps its own time limit, and
+    the rules after one past it are still run."""
+    jobs = []
+    submit = threads().submit
+
+    def counted(fn, *args, **kwargs):
+        jobs.append(fn)
+        return submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(threads(), "submit", counted)
+    CALLED.clear()
+    fast = score(f"{__name__}:Synchronous", rollouts("ab", "abc"), reward_timeout_s=5)
+    assert len(jobs) == 2  # two rollouts, three rules each
+    assert [(s.rewards, s.metrics) for s in fast] == [
+        ({"first": 1.0, "hog": 0.5}, {"chars": 2.0}),
+        ({"first": 1.0, "hog": 0.5}, {"chars": 3.0}),
+    ]
+    CALLED.clear()
+    (slow,) = score(f"{__name__}:Synchronous", rollouts("hog"), reward_timeout_s=0.3)
+    assert slow.error == "reward 'hog' timed out after 0.3s"
+    assert ("chars", "hog") in CALLED  # run in a job of its own after the hog was given up
 
 
 def test_errored_rollouts_stay_errored_and_bad_group_rewards_are_reported() -> None:

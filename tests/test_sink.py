@@ -144,7 +144,7 @@ def test_block_tokens_follow_ids_and_contents_not_offsets() -> None:
     changed = msgspec.structs.replace(first, policy_version=first.policy_version + 1)
 
     def token(*events: TokenRecord) -> str:
-        return block_token(TokenRecord, [(e.event_id, codec.encode(e)) for e in events])
+        return block_token(TokenRecord, [codec.encode(e) for e in events])
 
     assert token(first) == token(first)  # a replay, at whatever offset: dropped
     assert token(first) != token(second)  # a new event: stored

@@ -49,7 +49,7 @@ def _to_arrow(column: Column, values: Sequence[Any]) -> pa.Array:
         micros = np.rint(np.asarray(values, dtype=np.float64) * 1e6).astype(np.int64)
         return pa.array(micros, type=column.arrow_type)
     if column.codec is Codec.JSON:
-        return pa.array([_json.encode(v) for v in values], type=pa.binary())
+        return pa.array(list(map(_json.encode, values)), type=pa.binary())
     return pa.array(values, type=column.arrow_type)
 
 

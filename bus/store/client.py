@@ -18,7 +18,7 @@ import os
 import threading
 import urllib.request
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import chdb
 import clickhouse_connect
+import numpy as np
 import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 
@@ -214,7 +215,7 @@ class Store:
             return 0
         kind = type(events[0])
         if dedup_token is None:
-            dedup_token = block_token(kind, [(e.event_id, codec.encode(e)) for e in events])
+            dedup_token = block_token(kind, list(map(codec.encode, events)))
         partitions, offsets = zip(*positions, strict=True)
         return self.insert_block(kind, events_to_arrow(events, partitions, offsets), dedup_token)
 
@@ -299,13 +300,16 @@ class Store:
         self.close()
 
 
-def block_token(kind: type[Event], rows: Iterable[tuple[str, bytes]]) -> str:
-    """The insert dedup token of a block: `table#digest` of its (event id, encoded event) pairs,
-    in order. A replayed block (the same messages) gets the same token, wherever the messages
-    sat; a block with anything new, or an event with other content, does not."""
+def block_token(kind: type[Event], messages: Sequence[bytes]) -> str:
+    """The insert dedup token of a block: `table#digest` of the encoded messages its rows came
+    from, in order (each message holds its events' ids and contents). A replayed block (the
+    same messages) gets the same token, wherever the messages sat; a block with anything new,
+    or an event with other content, does not."""
     h = hashlib.blake2b(digest_size=16)
-    for event_id, raw in rows:
-        h.update(f"{event_id}:{zlib.crc32(raw):08x};".encode())
+    # Each message's length and CRC-32, not its bytes: hashing every byte cost 2.5 us per
+    # 833-byte message, this 0.6.
+    h.update(np.fromiter(map(len, messages), np.int64, len(messages)).tobytes())
+    h.update(np.fromiter(map(zlib.crc32, messages), np.uint32, len(messages)).tobytes())
     return f"{kind.table}#{h.hexdigest()}"
 
 

@@ -1,8 +1,8 @@
 """The sink: every topic into its ClickHouse table, batched, idempotent.
 
 Offsets are committed only after the rows are stored. A crash replays the uncommitted tail: a
-re-sent block is dropped by its `insert_deduplication_token` (a digest of its event ids and
-content digests), and any other true duplicate collapses under FINAL (the tables are
+re-sent block is dropped by its `insert_deduplication_token` (a digest of the messages it
+came from), and any other true duplicate collapses under FINAL (the tables are
 ReplacingMergeTree ordered by immutable ids, then the content digest). An event that cannot be
 stored (a value its column cannot hold) is dead-lettered alone; its neighbours are stored. An
 id stored with two different contents is kept twice, listed by the `conflicts` view and logged
@@ -15,8 +15,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import defaultdict
-from operator import attrgetter
+from itertools import groupby, repeat
+from operator import attrgetter, is_, itemgetter
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +26,7 @@ from rlbus.bus.store import Store
 from rlbus.bus.store.arrow import events_to_arrow
 from rlbus.bus.store.client import block_token
 from rlbus.config import Settings
-from rlbus.schemas import EVENT_TYPES, TOPICS
+from rlbus.schemas import EVENT_TYPES, TOPICS, Event, codec
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,28 @@ GROUP = "sink"
 
 
 _EVENT, _PARTITION, _OFFSET = attrgetter("event"), attrgetter("partition"), attrgetter("offset")
+_RECORD, _VALUE = attrgetter("record"), attrgetter("value")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+
+
+def by_kind(deliveries: list[Delivery]) -> dict[type[Event], list[Delivery]]:
+    """A poll's deliveries by event kind, in order. A poll comes in runs of one topic, so this
+    is a step per run, not per row."""
+    kinds = map(type, map(_EVENT, deliveries))
+    out: dict[type[Event], list[Delivery]] = {}
+    for kind, run in groupby(zip(kinds, deliveries, strict=True), key=_FIRST):
+        out.setdefault(kind, []).extend(map(_SECOND, run))
+    return out
+
+
+def messages_of(deliveries: list[Delivery]) -> list[bytes]:
+    """The distinct messages behind deliveries, as their bytes, in order (a batched topic's
+    message carries several events, and is hashed once). Deliveries made without records
+    (tests, benches) stand for their events' encodings."""
+    records = list(map(_RECORD, deliveries))
+    if any(map(is_, records, repeat(None))):
+        return list(map(codec.encode, map(_EVENT, deliveries)))
+    return list(map(_VALUE, dict(zip(map(id, records), records, strict=True)).values()))
 
 
 def _block(deliveries: list[Delivery]) -> pa.Table:
@@ -121,23 +143,19 @@ class Sink:
         self.rejected = 0
         self.conflicts = Conflicts(store, conflict_check_s)
 
-    def _store(self, deliveries: list[Delivery]) -> int:
+    def _store(self, kind: type[Event], deliveries: list[Delivery]) -> int:
         block, good = storable(deliveries)
         self.rejected += len(deliveries) - len(good)
         if not good:
             return 0
-        kind = type(good[0].event)
         # The messages' own bytes: a replayed block is dropped, whatever offsets it came from.
-        rows = ((d.event.event_id, (d.record.value or b"") if d.record else b"") for d in good)
-        return self.store.insert_block(kind, block, block_token(kind, rows))
+        return self.store.insert_block(kind, block, block_token(kind, messages_of(good)))
 
     async def handle(self, deliveries: list[Delivery]) -> None:
-        by_table: dict[str, list[Delivery]] = defaultdict(list)
-        for d in deliveries:
-            by_table[type(d.event).table].append(d)
-        for group in by_table.values():
+        """One Arrow block per table per poll."""
+        for kind, group in by_kind(deliveries).items():
             # chdb is synchronous; a thread keeps the event loop (and Kafka heartbeats) alive.
-            self.rows_written += await asyncio.to_thread(self._store, group)
+            self.rows_written += await asyncio.to_thread(self._store, kind, group)
 
 
 async def run_sink(

@@ -34,7 +34,7 @@ ALLOWED: dict[Kind, frozenset[str]] = {
 
 
 @functools.cache
-def _threads() -> ThreadPoolExecutor:
+def threads() -> ThreadPoolExecutor:
     """Threads for synchronous rules, apart from the event loop's default pool: rules that run
     past their timeout keep their thread until they return, and must not starve the rest of
     the process (store inserts, file reads) of threads."""
@@ -57,15 +57,25 @@ class Rule:
     """Tools only: the parameters the model supplies."""
     takes_all: bool = False
 
+    @functools.cached_property
+    def is_async(self) -> bool:
+        method = type(self.fn).__call__  # async on an object such as an LLM judge
+        return inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(method)
+
+    def call(self, available: Mapping[str, Any], **own: Any) -> Any:
+        """Call the rule here, with its arguments picked from `available`."""
+        kwargs = dict(available) if self.takes_all else {p: available[p] for p in self.injected}
+        return self.fn(**kwargs, **own)
+
     async def __call__(self, available: Mapping[str, Any], **own: Any) -> Any:
         """Run the rule. A synchronous one runs on a thread of its own pool, so a slow one
         (a long diff, a parser) neither blocks the event loop nor the timeouts of the others."""
-        kwargs = dict(available) if self.takes_all else {p: available[p] for p in self.injected}
-        method = type(self.fn).__call__  # async on an object such as an LLM judge
-        if inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(method):
-            return await self.fn(**kwargs, **own)
+        if self.is_async:
+            return await self.call(available, **own)
         loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(_threads(), functools.partial(self.fn, **kwargs, **own))
+        result = await loop.run_in_executor(
+            threads(), functools.partial(self.call, available, **own)
+        )
         return await result if inspect.isawaitable(result) else result
 
 

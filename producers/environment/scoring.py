@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import itertools
 import json
 import math
 import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -25,7 +27,7 @@ from opentelemetry.trace import Link, SpanKind
 from rlbus.bus import telemetry
 from rlbus.producers.environment.judges import RECORDING, JudgeCall, scoring_trace
 from rlbus.producers.environment.loader import Environment
-from rlbus.producers.environment.rules import Rule
+from rlbus.producers.environment.rules import Rule, threads
 from rlbus.schemas import (
     Event,
     RolloutCompleted,
@@ -123,6 +125,36 @@ def finite(rule: Rule, value: Any) -> float:
     return number
 
 
+class _Together:
+    """A job of synchronous rules for one thread: each rule's value or exception, in order, and
+    when the rule running now started (read by the event loop for its time limit). A rule's
+    outcome is appended before the next one's start is set, so a reader that takes the count
+    first and the start second never pairs a finished rule with a fresh start."""
+
+    def __init__(self, rules: Sequence[Rule], args: dict[str, Any]):
+        self.rules = rules
+        self.args = args
+        self.outcomes: list[Any] = []
+        self.started = time.monotonic()
+        self._given_up = False
+
+    def give_up(self) -> None:
+        """Stop before the next rule: the rule running now is past its time."""
+        self._given_up = True
+
+    def __call__(self) -> list[Any]:
+        for rule in self.rules:
+            if self._given_up:
+                break
+            self.started = time.monotonic()
+            try:
+                outcome = rule.call(self.args)
+            except Exception as exc:
+                outcome = exc
+            self.outcomes.append(outcome)
+        return self.outcomes
+
+
 @dataclass
 class _Card:
     """One rollout's scores while they are being computed."""
@@ -170,20 +202,72 @@ class Scorer:
         try:
             async with asyncio.timeout(self.timeout_s):
                 return await rule(args)
-        except TimeoutError as exc:
-            raise RuleFailed(
-                f"{rule.kind} {rule.name!r} timed out after {self.timeout_s:g}s"
-            ) from exc
         except Exception as exc:
-            raise RuleFailed(
-                f"{rule.kind} {rule.name!r} raised {type(exc).__name__}: {exc}"
-            ) from exc
+            raise self._failed(rule, exc) from exc
+
+    def _failed(self, rule: Rule, exc: BaseException) -> RuleFailed:
+        if isinstance(exc, TimeoutError):
+            return RuleFailed(f"{rule.kind} {rule.name!r} timed out after {self.timeout_s:g}s")
+        return RuleFailed(f"{rule.kind} {rule.name!r} raised {type(exc).__name__}: {exc}")
+
+    async def _apply_together(self, rules: Sequence[Rule], args: dict[str, Any]) -> list[Any]:
+        """Synchronous rules run one after another in a single job of the rules' threads (one
+        hand-over per rollout, not one per rule), each still under its own time limit: a rule
+        past it is given up (its thread keeps it until it returns) and the rules after it go
+        on in a new job. Each rule's value, or the RuleFailed it ended in."""
+        run = _Together(rules, args)
+        job = asyncio.get_running_loop().run_in_executor(threads(), run)
+        while True:
+            ended, started = len(run.outcomes), run.started  # in this order: see _Together
+            left = started + self.timeout_s - time.monotonic()
+            if left > 0:
+                if (await asyncio.wait({job}, timeout=left))[0]:
+                    break
+                continue  # the rule running now started later: it has time left
+            if job.done():
+                break
+            run.give_up()
+            rest = rules[ended + 1 :]
+            later = await self._apply_together(rest, args) if rest else []
+            timed_out = self._failed(rules[ended], TimeoutError())
+            return [*await self._settled(rules, run.outcomes[:ended]), timed_out, *later]
+        return await self._settled(rules, job.result())
+
+    async def _settled(self, rules: Sequence[Rule], outcomes: list[Any]) -> list[Any]:
+        """Outcomes of a job as values or RuleFailed; a synchronous rule that handed back an
+        awaitable is awaited here, under its time limit."""
+        settled = []
+        for rule, outcome in zip(rules, outcomes, strict=False):
+            if inspect.isawaitable(outcome):
+                try:
+                    async with asyncio.timeout(self.timeout_s):
+                        outcome = await outcome
+                except Exception as exc:
+                    outcome = exc
+            settled.append(
+                self._failed(rule, outcome) if isinstance(outcome, Exception) else outcome
+            )
+        return settled
 
     async def _score_one(self, card: _Card) -> None:
         RECORDING.set(card.calls)  # this task's own context: its rules' judge calls
-        for rule in (*self.rules.rewards, *self.rules.metrics):
+        rules = (*self.rules.rewards, *self.rules.metrics)
+        outcomes: list[Any] = []
+        for is_async, run in itertools.groupby(rules, key=lambda r: r.is_async):
+            together = list(run)
+            if is_async:
+                for rule in together:
+                    try:
+                        outcomes.append(await self._apply(rule, card.args))
+                    except RuleFailed as exc:
+                        outcomes.append(exc)
+            else:
+                outcomes += await self._apply_together(together, card.args)
+        for rule, outcome in zip(rules, outcomes, strict=True):
             try:
-                value = finite(rule, await self._apply(rule, card.args))
+                if isinstance(outcome, RuleFailed):
+                    raise outcome
+                value = finite(rule, outcome)
             except (RuleFailed, TypeError, ValueError) as exc:
                 card.error = card.error or str(exc)
                 continue
