@@ -133,6 +133,26 @@ def test_sink_killed_mid_stream_loses_and_duplicates_nothing(
     assert stored_ids == {e.event_id for e in events}
 
 
+def test_block_tokens_cannot_be_forged_by_a_checksum_collision() -> None:
+    """Anyone may publish to `tasks`, so two different messages of one length whose CRC-32s
+    agree (found in a second by brute force) must still make two tokens: the same token would
+    have the store drop the second block as a replay of the first."""
+    import random
+    import zlib
+
+    from rlbus.bus.store.client import block_token
+
+    seen: dict[int, bytes] = {}
+    rng = random.Random(0)
+    while True:
+        message = rng.randbytes(12)
+        other = seen.setdefault(zlib.crc32(message), message)
+        if other != message:
+            break
+    assert len(other) == len(message) and zlib.crc32(other) == zlib.crc32(message)
+    assert block_token(TokenRecord, [message]) != block_token(TokenRecord, [other])
+
+
 def test_block_tokens_follow_ids_and_contents_not_offsets() -> None:
     """An embedded broker numbers offsets from 0 on every start while the store persists: the
     dedup token of a block comes from its events' ids and bytes, so a replay is dropped
