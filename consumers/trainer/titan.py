@@ -5,10 +5,9 @@ as SmolLM2's), the model is torchtitan's own definition, built from the Hugging 
 the meta device; torchtitan's FSDP2 wrapping of a decoder shards it over the ranks (as its
 `parallelize_llama` does with data parallelism alone: its tensor, context and pipeline
 parallelism and compile are not applied) and, with `trainer.gradient_checkpointing`, its full
-activation checkpointing wraps each block; the weights come
-from the same Hugging Face directory through torchtitan's state-dict adapter, and go back
-through it to Hugging Face names for every published version, so inference loads the same
-files as from the other trainers.
+activation checkpointing wraps each block. The weights come from the same Hugging Face
+directory through torchtitan's state-dict adapter and go back through it to Hugging Face names
+for every published version, so inference loads the same files as from the other trainers.
 
 Rows are right-padded and attention is causal, so a row's tokens never see its padding: the
 decoder needs no attention mask, and positions start at 0 in every row as in transformers.
