@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import InvalidSessionTimeoutError
 
 from rlbus.bus import progress
 from rlbus.bus.commits import COMMIT_TIMEOUT_S, Holds, Offsets, Polled
 from rlbus.bus.connection import client_options
+from rlbus.bus.membership import group_options, leave_first_generation, session_refused
 from rlbus.bus.middleware import DeadLetters, SeenIds, traced
 from rlbus.bus.progress import Progress
 from rlbus.bus.records import from_record
@@ -145,19 +147,23 @@ class Subscriber(Generic[H]):
         consumer = AIOKafkaConsumer(
             *[self.bus.topics.name(t) for t in self.topics],
             **client_options(kafka),
+            **group_options(kafka),
             group_id=kafka.topic_prefix + self.group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=kafka.max_request_size,
             fetch_max_bytes=max(kafka.max_request_size, 50 * 1024 * 1024),
-            max_poll_interval_ms=30 * 60 * 1000,
         )
         await consumer.start()
         offsets = Offsets(consumer, kafka.topic_prefix, self.group)
         try:
             await self._consume(consumer, offsets, stop)
+        except InvalidSessionTimeoutError as exc:
+            raise session_refused(kafka, exc) from exc
         finally:
             try:
+                # Its partitions move to the other members now, not after its session times out.
+                await asyncio.wait_for(leave_first_generation(consumer), STOP_TIMEOUT_S)
                 await asyncio.wait_for(consumer.stop(), STOP_TIMEOUT_S)
             except TimeoutError:
                 log.warning("consumer of %s did not stop within %gs", self.group, STOP_TIMEOUT_S)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -66,12 +67,15 @@ def test_every_role_is_deployed_both_ways() -> None:
     "args", [*(svc["command"] for svc in compose_services().values()), *k8s_role_args().values()]
 )
 def test_deployed_commands_exist(args: list[str]) -> None:
-    # The command's own flags are checked by --help parsing up to the subcommand.
     subcommand = [a for a in args if not a.startswith("-")][:2]
-    result = CliRunner().invoke(app, [*subcommand, "--help"])
+    result = CliRunner().invoke(app, [*subcommand, "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, (
         f"`rlbus {' '.join(subcommand)}` is not a command: {result.output}"
     )
+    for flag in (a for a in args if a.startswith("--")):
+        assert re.search(rf"{flag}\b", result.output), (
+            f"`rlbus {' '.join(subcommand)}` has no {flag}"
+        )
 
 
 def test_deployed_settings_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -220,3 +224,161 @@ def test_grafana_panels_query_the_real_schema(tmp_path: Path) -> None:
         for sql in queries:
             rows = reader.query(sql.replace("${run}", "r1")).rows
             assert rows, f"no rows from: {sql}"
+
+
+# -- many of each: replicas, the partitions that allow them, state every replica reaches -----
+
+SCALED = ("env", "judge", "sink")
+"""Roles whose replicas split their topics' partitions: more members than partitions idle."""
+SINGLE = ("orchestrator", "trainer")
+"""One per run (a second orchestrator waits as a standby; a second trainer would train twice)."""
+OBJECT_STORES = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
+"""fsspec protocols of object stores every host reaches, and the package each needs."""
+
+
+def compose_replicas(service: str) -> int:
+    return int(all_compose_services()[service].get("deploy", {}).get("replicas", 1))
+
+
+def json_patch(doc: dict, ops: list[dict]) -> None:
+    """RFC 6902 add/replace/remove on `doc`, as kustomize applies a role's patches."""
+    for op in ops:
+        *parents, last = op["path"].strip("/").split("/")
+        node = doc
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+        key = int(last) if isinstance(node, list) else last
+        if op["op"] == "remove":
+            del node[key]
+        else:
+            node[key] = op["value"]
+
+
+def kustomized(directory: Path) -> list[dict]:
+    """The documents `kubectl apply -k DIRECTORY` creates, built the way kustomize does for
+    what deploy/k8s uses: resources (files, or directories with their own kustomization),
+    components, JSON 6902 patches, labels (into selectors too) and a name suffix (which
+    kustomize also carries into an autoscaler's target)."""
+    spec = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    docs: list[dict] = []
+    for entry in spec.get("resources", []):
+        path = (directory / entry).resolve()
+        docs += kustomized(path) if path.is_dir() else list(yaml.safe_load_all(path.read_text()))
+    patches = list(spec.get("patches", []))
+    for entry in spec.get("components", []):
+        # A component adds its resources, and its patches apply to everything built here.
+        component = yaml.safe_load(((directory / entry) / "kustomization.yaml").read_text())
+        for resource in component.get("resources", []):
+            docs += yaml.safe_load_all(((directory / entry) / resource).read_text())
+        patches += component.get("patches", [])
+    docs = [d for d in docs if d]
+    for patch in patches:
+        for doc in docs:
+            if doc["kind"] == patch["target"]["kind"]:
+                json_patch(doc, yaml.safe_load(patch["patch"]))
+    for labels in spec.get("labels", []):
+        for doc in docs:
+            doc["metadata"].setdefault("labels", {}).update(labels["pairs"])
+            if labels.get("includeSelectors"):
+                if doc["kind"] == "Deployment":
+                    doc["spec"]["selector"]["matchLabels"].update(labels["pairs"])
+                    doc["spec"]["template"]["metadata"]["labels"].update(labels["pairs"])
+                if doc["kind"] == "Service":
+                    doc["spec"]["selector"].update(labels["pairs"])
+    suffix = spec.get("nameSuffix", "")
+    for doc in docs:
+        doc["metadata"]["name"] += suffix
+        if doc["kind"] == "HorizontalPodAutoscaler":
+            doc["spec"]["scaleTargetRef"]["name"] += suffix
+    return docs
+
+
+def k8s_role(role: str) -> dict[str, dict]:
+    """The role's documents by kind."""
+    return {d["kind"]: d for d in kustomized(DEPLOY / "k8s" / "roles" / role)}
+
+
+def test_the_scaled_roles_run_several_and_the_run_wide_ones_once() -> None:
+    for role in (*SCALED, "inference"):
+        assert compose_replicas(role) >= 2, f"compose runs one {role}"
+    for role in SINGLE:
+        assert compose_replicas(role) == 1, f"compose runs {compose_replicas(role)} {role}s"
+    for role in SCALED:
+        docs = k8s_role(role)
+        hpa, deployment = docs["HorizontalPodAutoscaler"], docs["Deployment"]
+        assert hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+        assert hpa["spec"]["minReplicas"] >= 2
+        # The autoscaler owns the count: a replicas field would reset it on every apply.
+        assert "replicas" not in deployment["spec"]
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert k8s_role("inference")["Deployment"]["spec"]["replicas"] >= 2
+    for role in SINGLE:
+        docs = k8s_role(role)
+        assert "HorizontalPodAutoscaler" not in docs
+        assert docs["Deployment"]["spec"]["replicas"] == 1
+        # A rolling update would run the new pod beside the old one for a while.
+        assert docs["Deployment"]["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_the_partition_count_allows_every_replica() -> None:
+    compose_partitions = int(
+        next(iter(compose_services().values()))["environment"]["RLBUS_KAFKA__PARTITIONS"]
+    )
+    k8s_partitions = int(configmap()["RLBUS_KAFKA__PARTITIONS"])
+    for role in SCALED:
+        assert compose_replicas(role) <= compose_partitions, role
+        most = k8s_role(role)["HorizontalPodAutoscaler"]["spec"]["maxReplicas"]
+        assert most <= k8s_partitions, f"{role} scales to {most} on {k8s_partitions} partitions"
+
+
+def test_env_producers_reach_the_inference_replicas_by_a_name_they_share() -> None:
+    compose_args = all_compose_services()["env"]["command"]
+    host = urlsplit(compose_args[compose_args.index("--base-url") + 1]).hostname
+    assert host == "inference" and "inference" in all_compose_services()
+    k8s_args = k8s_role_args()["env"]
+    url = urlsplit(k8s_args[k8s_args.index("--base-url") + 1])
+    service = k8s_role("inference")["Service"]
+    assert url.hostname == service["metadata"]["name"]
+    assert url.port in {p["port"] for p in service["spec"]["ports"]}
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "inference"
+
+
+def test_claims_and_checkpoints_are_where_every_replica_reaches_them() -> None:
+    """One Docker host: a volume every container mounts. Kubernetes: object storage (a local
+    folder is one node's), with its fsspec backend installed in the image."""
+    env = next(iter(compose_services().values()))["environment"]
+    trainer_env = all_compose_services()["trainer"]["environment"]
+    for service in compose_services().values():
+        assert "shared:/shared" in service["volumes"]
+    for url in (env["RLBUS_CLAIM_CHECK__URL"], trainer_env["RLBUS_TRAINER__CHECKPOINT_URL"]):
+        assert urlsplit(interpolated(url, {})).path.startswith("/shared/"), url
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    installed = re.search(r'pip install --no-cache-dir "?\.\[([\w,]+)\]', dockerfile)
+    assert installed, "the image installs rlbus without extras"
+    extras = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    packages = {p for extra in installed.group(1).split(",") for p in extras[extra]}
+    config = configmap()
+    for key in ("RLBUS_CLAIM_CHECK__URL", "RLBUS_TRAINER__CHECKPOINT_URL"):
+        scheme = urlsplit(config[key]).scheme
+        assert scheme in OBJECT_STORES, f"{key} = {config[key]} is not on object storage"
+        assert any(p.startswith(OBJECT_STORES[scheme]) for p in packages), (
+            f"the image does not install {OBJECT_STORES[scheme]} for {key}"
+        )
+
+
+def test_consumer_groups_use_session_timeouts_a_kafka_broker_accepts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Kafka and Redpanda refuse sessions under 6 s (group.min.session.timeout.ms)."""
+    compose_env = next(iter(compose_services().values()))["environment"]
+    secret = {"CLICKHOUSE_PASSWORD": "x", "RLBUS_STORE__PASSWORD": "x"}
+    for env in ({k: interpolated(str(v), secret) for k, v in compose_env.items()}, configmap()):
+        for key in [k for k in os.environ if k.startswith("RLBUS_")]:
+            monkeypatch.delenv(key)
+        for key, value in env.items():
+            monkeypatch.setenv(key, str(value))
+        kafka = load_settings().kafka
+        assert kafka.session_timeout_ms >= 6000
+        assert 3 * kafka.heartbeat_interval_ms <= kafka.session_timeout_ms

@@ -41,8 +41,8 @@ class TorchRanks:
 
         if not dist.is_initialized():
             raise RuntimeError(
-                "trainer.parallel = 'fsdp' needs torch.distributed: start the trainer under "
-                "torchrun"
+                "trainer.parallel = 'fsdp' or 'torchtitan' needs torch.distributed: start the "
+                "trainer under torchrun"
             )
         self._dist = dist
         self.rank = dist.get_rank()

@@ -2,10 +2,10 @@
 rank opens the session (sharding the model together); rank 0 consumes `batches` and hands each
 step to the others, which follow until it stops. One process without FSDP is rank 0 alone.
 
-With `trainer.parallel = "fsdp"` and no torchrun around it, the trainer process is rank 0 and
-starts ranks 1..N-1 itself (torch.multiprocessing, spawn). They die with it, ignore Ctrl-C and
-SIGTERM (rank 0 takes those, finishes its step and tells them to stop), and a rank that fails
-ends the others. Under torchrun, torchrun's ranks are used as they are.
+With `trainer.parallel = "fsdp"` or `"torchtitan"` and no torchrun around it, the trainer
+process is rank 0 and starts ranks 1..N-1 itself (torch.multiprocessing, spawn). They die with
+it, ignore Ctrl-C and SIGTERM (rank 0 takes those, finishes its step and tells them to stop),
+and a rank that fails ends the others. Under torchrun, torchrun's ranks are used as they are.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class TrainerRole:
         self._leader = None
         self.step: Step = session.trainer.step
         self.hooks = session.hooks
-        if cfg.trainer.parallel == "fsdp" and self.leads:
+        if cfg.trainer.distributed and self.leads:
             from rlbus.consumers.trainer.fsdp import Leader
 
             self._leader = Leader(session.trainer)
@@ -88,7 +88,10 @@ def _check_ranks(cfg: RunConfig, ranks: int) -> None:
     import torch.distributed as dist
 
     if not dist.is_available():
-        raise SystemExit("trainer.parallel = 'fsdp': this torch build has no torch.distributed")
+        raise SystemExit(
+            f"trainer.parallel = {cfg.trainer.parallel!r}: this torch build has no "
+            "torch.distributed"
+        )
     if _backend(cfg) == "nccl":
         gpus = torch.cuda.device_count()
         if gpus < ranks:
@@ -152,7 +155,8 @@ def _ranks(cfg: RunConfig, resume: bool) -> Iterator[None]:
                 start_method="spawn",
             )
     if os.environ["RANK"] == "0":
-        log.info("FSDP: %d ranks (%s)", world, _backend(cfg))
+        kind = "FSDP" if cfg.trainer.parallel == "fsdp" else "torchtitan (FSDP2)"
+        log.info("%s: %d ranks (%s)", kind, world, _backend(cfg))
     if _backend(cfg) == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(_backend(cfg))
@@ -177,7 +181,7 @@ def _ranks(cfg: RunConfig, resume: bool) -> Iterator[None]:
 def trainer_role(cfg: RunConfig, resume: bool) -> Iterator[TrainerRole]:
     """Join the ranks (FSDP) and open the session; on leaving, rank 0 tells the followers to
     stop."""
-    with _ranks(cfg, resume) if cfg.trainer.parallel == "fsdp" else contextlib.nullcontext():
+    with _ranks(cfg, resume) if cfg.trainer.distributed else contextlib.nullcontext():
         session = open_session(cfg.trainer, cfg.model, cfg.checkpoint_url(), cfg.max_steps, resume)
         role = TrainerRole(cfg, session)
         try:

@@ -1,8 +1,11 @@
-"""Building a trainer from config: model (sharded under FSDP), optimizer, checkpoint store,
-and the resume rule (--resume needs a checkpoint; a fresh start refuses to overwrite one).
+"""Building a trainer from config: model (sharded under FSDP, or torchtitan's own decoder
+parallelized by torchtitan), optimizer, checkpoint store, and the resume rule (--resume needs a
+checkpoint; a fresh start refuses to overwrite one).
 
-State goes through torch.distributed.checkpoint's full state dicts in both modes (parameter
-names as keys), so a checkpoint written by one process resumes under FSDP and back.
+State goes through torch.distributed.checkpoint's full state dicts in every mode (parameter
+names as keys), so a checkpoint written by one process resumes under FSDP and back; torchtitan's
+decoder names its parameters its own way, so its checkpoints resume under torchtitan only.
+Published weights carry Hugging Face names whichever trainer wrote them.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
+from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -77,19 +81,36 @@ def open_session(
         )
     if resume and not checkpoints.exists():
         raise NothingToResume(f"nothing to resume: no checkpoint under {checkpoints.url}")
-    model = load_policy(model_path, cfg.lora, cfg.device, cfg.gradient_checkpointing)
-    aliases = tied_aliases(model)  # before sharding, which may hide the tie
-    sharded = cfg.parallel == "fsdp"
-    if sharded:
-        if cfg.lora.enabled:
-            raise ValueError(
-                "trainer.lora with trainer.parallel = 'fsdp' is not supported: train adapters "
-                "in one process"
-            )
-        from rlbus.consumers.trainer.fsdp import shard
+    sharded = cfg.parallel != "none"
+    if sharded and cfg.lora.enabled:
+        raise ValueError(
+            f"trainer.lora with trainer.parallel = {cfg.parallel!r} is not supported: train "
+            "adapters in one process"
+        )
+    ranks = TorchRanks() if sharded else None
+    if cfg.parallel == "torchtitan":
+        from rlbus.consumers.trainer.titan import load_titan_policy
 
-        shard(model)
-    trainer = Trainer(model, cfg, total_steps, TorchRanks() if sharded else None)
+        assert ranks is not None
+        titan = load_titan_policy(model_path, ranks.world, cfg.device, cfg.gradient_checkpointing)
+        model: nn.Module = titan
+        published = titan.hf_weights
+    else:
+        model = load_policy(model_path, cfg.lora, cfg.device, cfg.gradient_checkpointing)
+        aliases = tied_aliases(model)  # before sharding, which may hide the tie
+        if sharded:
+            from rlbus.consumers.trainer.fsdp import shard
+
+            shard(model)
+
+        def published() -> dict[str, torch.Tensor]:
+            if sharded:
+                # a full state dict holds plain tensors (no ShardedTensor or DTensor shards)
+                state = cast("dict[str, torch.Tensor]", get_model_state_dict(model, options=FULL))
+                return without(aliases, state)
+            return published_weights(model, kind)
+
+    trainer = Trainer(model, cfg, total_steps, ranks)
     state = TrainerState()
     if resume:
         state, saved = checkpoints.load()
@@ -110,19 +131,14 @@ def open_session(
             "scheduler": trainer.scheduler.state_dict(),
         }
 
-    def weights() -> dict[str, torch.Tensor]:
-        if sharded:
-            # a full state dict holds plain tensors (no ShardedTensor or DTensor shards)
-            state = cast("dict[str, torch.Tensor]", get_model_state_dict(model, options=FULL))
-            return without(aliases, state)
-        return published_weights(model, kind)
-
     return Session(
         trainer,
         checkpoints,
         state,
         Hooks(
-            weights=weights, state=everything, num_params=sum(p.numel() for p in model.parameters())
+            weights=published,
+            state=everything,
+            num_params=sum(p.numel() for p in model.parameters()),
         ),
         cfg.checkpoint_every,
         uuid.uuid4().hex if resume else "",

@@ -202,7 +202,8 @@ def inference(
 
 def trainer(ctx: typer.Context, config: ConfigOption = None, resume: ResumeOption = False) -> None:
     """Trainer: consume `batches`, one optimizer step each; publish WeightVersion and TrainStep.
-    Under torchrun (trainer.parallel = "fsdp") every rank runs this; rank 0 consumes."""
+    Under torchrun (trainer.parallel = "fsdp" or "torchtitan") every rank runs this; rank 0
+    consumes."""
     require_train_extra("rlbus worker trainer")
     from rlbus.consumers.trainer.checkpoint import NothingToResume
     from rlbus.consumers.trainer.main import trainer_role

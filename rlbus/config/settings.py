@@ -39,6 +39,28 @@ class KafkaConfig(Section):
     """Directory where a process writes, when its bus stops, the highest offset the broker
     acknowledged per topic and partition; `rlbus run` sets it, to count what a dead embedded
     broker took with it. Empty: not written."""
+    session_timeout_ms: int = Field(default=2000, ge=1)
+    """A consumer-group member the broker has not heard from for this long is taken out of its
+    group, and its partitions go to the others (after a SIGKILL, a lost host). Lower: a dead
+    member's partitions move sooner, but a member whose event loop stalls this long is taken
+    out too (it rejoins, and what it had not committed is handled again). The default suits
+    the embedded broker; a Kafka broker accepts only values within its
+    group.min.session.timeout.ms and group.max.session.timeout.ms (6000 to 1800000 by
+    default), so set 6000 or more there (deploy/ sets 10000)."""
+    heartbeat_interval_ms: int = Field(default=500, ge=1)
+    """How often a member tells the broker it is alive, and so learns of a rebalance: a member
+    that left or died is noticed by the others within this. Under a third of
+    session_timeout_ms."""
+    max_poll_interval_ms: int = Field(default=30 * 60 * 1000, ge=1)
+    """Longest a member may spend between polls (a batch handler still running: a trainer's
+    step) before it leaves its group."""
+    group_instance_id: str = ""
+    """Static membership (KIP-345): a name this process keeps across restarts (a StatefulSet
+    pod's name), sent as group.instance.id in each group it joins. A restart within
+    session_timeout_ms takes back its place and partitions without moving anyone else's; but a
+    static member never leaves on stop, so one stopped for good holds its partitions until
+    session_timeout_ms. Empty: dynamic membership, where a clean stop leaves the group at
+    once. (The embedded broker holds each static join and sync for 3 s: docs/scaling.md.)"""
     announce_every_s: float = Field(default=5.0, gt=0)
     """Trainers and inference workers re-publish their current weights version this often, so a
     consumer that restarts past the original (the orchestrator) learns where the run stands."""
@@ -61,6 +83,16 @@ class KafkaConfig(Section):
     """Password of ssl_keyfile, if it is encrypted (never printed)."""
     ssl_check_hostname: bool = True
     """Check that a broker's certificate names the host connected to."""
+
+    @model_validator(mode="after")
+    def _heartbeat_within_session(self) -> KafkaConfig:
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError(
+                f"kafka.heartbeat_interval_ms = {self.heartbeat_interval_ms} must be below "
+                f"kafka.session_timeout_ms = {self.session_timeout_ms} (a third of it or less): "
+                "a member must be heard from before its session ends"
+            )
+        return self
 
 
 class StoreConfig(Section):

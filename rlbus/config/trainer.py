@@ -75,11 +75,15 @@ class TrainerConfig(Section):
     same loss and gradients for less memory (activations) and ~30% more compute."""
     device: str = "cpu"
     """Torch device of a single-process trainer (cpu, cuda)."""
-    parallel: Literal["none", "fsdp"] = "none"
-    """none: one process; fsdp: FSDP2 (fully_shard) over torch.distributed ranks."""
+    parallel: Literal["none", "fsdp", "torchtitan"] = "none"
+    """none: one process; fsdp: FSDP2 (fully_shard) of the transformers model over
+    torch.distributed ranks; torchtitan: torchtitan's own model definition (Llama models:
+    SmolLM2 and other LlamaForCausalLM checkpoints), loaded from the same Hugging Face
+    directory and parallelized by torchtitan (FSDP2) over the ranks; it needs torchtitan
+    installed (the gpu extra). Published weights are the same files either way."""
     ranks: int = Field(default=1, ge=1)
-    """fsdp: how many processes train (gloo on CPU, one GPU each with nccl). The trainer
-    process is rank 0 and starts the others itself; under torchrun its ranks are used
+    """fsdp, torchtitan: how many processes train (gloo on CPU, one GPU each with nccl). The
+    trainer process is rank 0 and starts the others itself; under torchrun its ranks are used
     instead, and this must be 1 or torchrun's WORLD_SIZE."""
     checkpoint_url: str = ""
     """fsspec URL of checkpoints and published weights; empty: <store data
@@ -104,11 +108,16 @@ class TrainerConfig(Section):
     threads: int = Field(default=0, ge=0)
     """torch intra-op threads on CPU; 0 leaves torch's default."""
 
+    @property
+    def distributed(self) -> bool:
+        """Trained by torch.distributed ranks (one or more)."""
+        return self.parallel != "none"
+
     @model_validator(mode="after")
     def _ranks_need_fsdp(self) -> TrainerConfig:
-        if self.ranks > 1 and self.parallel != "fsdp":
+        if self.ranks > 1 and not self.distributed:
             raise ValueError(
-                f"trainer.ranks = {self.ranks} needs trainer.parallel = 'fsdp' (one process "
-                "trains without it)"
+                f"trainer.ranks = {self.ranks} needs trainer.parallel = 'fsdp' or 'torchtitan' "
+                "(one process trains without it)"
             )
         return self

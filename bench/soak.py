@@ -1,0 +1,542 @@
+"""Soak: an RL run of a tiny model plus a steady eval stream for an hour (or --minutes), every
+role a process on the embedded broker, sampled every minute for what grows.
+
+1. `rlbus run`'s roles (examples/reverse_text/rl.toml on a `rlbus model init` model, max_steps
+   out of reach): sink, inference, trainer, orchestrator, env producer, judge;
+2. an eval run beside it: `rlbus worker env` and `rlbus worker judge` on examples/reverse_text
+   against a scripted model server, fed --eval-tasks-per-s tasks a second by this process;
+3. every --sample-s: each process's RSS and open files (the roles, the eval's roles, Tansu),
+   the store's bytes per table (system.parts, ClickHouse's own system tables included), the
+   claim store's and the checkpoints' bytes, every consumer group's lag (end offsets minus
+   committed offsets), and rollouts stored per run (rollouts/s between samples).
+
+After --warmup-minutes each series' least-squares slope is printed. The samples are written
+as they come to <workdir>/soak.jsonl and the roles' logs to <workdir>/.../logs, so a run left
+unattended keeps what it measured even if a role dies (the soak then stops, naming it).
+
+    python bench/soak.py [--minutes 60] [--sample-s 60] [--warmup-minutes M] [--workdir DIR]
+
+Last line: RESULT rss_growth_mb_per_h=<max over the roles> store_bytes_per_rollout=<slope of
+store bytes over rollouts stored> lag_growth=<messages per hour, all groups>, then which role
+that RSS slope is, the embedded broker's own RSS slope (it keeps every message in memory), and
+rollouts/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from rlbus.bus import Bus
+from rlbus.bus.connection import client_options
+from rlbus.bus.store import open_store
+from rlbus.config import Settings
+from rlbus.config.runs import load_run_config
+from rlbus.consumers.inference.model_init import init_model
+from rlbus.discovery import local_broker, store_served_elsewhere
+from rlbus.launch.processes import RoleProcess
+from rlbus.launch.supervisor import LocalRun
+from rlbus.schemas import TaskPublished
+from rlbus.testing import serve_in_child
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "reverse_text"
+RUN = "soak-rl"
+EVAL = "soak-eval"
+SERVE = "import sys; from rlbus.testing import ScriptedModel, serve; "
+SERVE += "serve(ScriptedModel(record=False), int(sys.argv[1]))"
+console = Console(width=150)  # logs of unattended runs too
+
+
+@dataclass
+class Sample:
+    minute: float
+    rss_mb: dict[str, float] = field(default_factory=dict)
+    """By process: the run's roles, the eval's ("eval env", "eval judge"), "tansu"."""
+    open_files: dict[str, int] = field(default_factory=dict)
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds (user + system) each process has used so far."""
+    fd_kinds: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Each process's open files by kind (socket, pipe, /proc, file, ...): what grows, if any."""
+    store_bytes: dict[str, int] = field(default_factory=dict)
+    """By table (database.table), active parts on disk."""
+    claims_bytes: int = 0
+    checkpoint_bytes: int = 0
+    lag: dict[str, int] = field(default_factory=dict)
+    """By consumer group: end offsets minus committed offsets, over its partitions."""
+    rollouts: dict[str, int] = field(default_factory=dict)
+    """Rollouts stored so far, by run."""
+    events: int = 0
+    """Messages on rlbus's topics so far (their end offsets)."""
+
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def proc_stats(pid: int) -> tuple[float, int, float] | None:
+    """(RSS in MB, open file descriptors, CPU seconds so far) of a live process."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+    # Fields after the command name (which may hold spaces): utime and stime are 14 and 15.
+    utime, stime = stat.rpartition(")")[2].split()[11:13]
+    return kb / 1024, fds, (int(utime) + int(stime)) / TICKS
+
+
+def fd_kinds(pid: int) -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(FileNotFoundError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                kind = target.split(":")[0] if ":" in target else target.split("/")[1] or "/"
+                kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def store_figures(settings: Settings) -> tuple[dict[str, int], dict[str, int]]:
+    """(bytes by table, rollouts by run), through the sink's read-only endpoint."""
+    if not store_served_elsewhere(settings):
+        return {}, {}
+    with open_store(settings.store.url, read_only=True) as store:
+        tables = store.query(
+            "SELECT concat(database, '.', table), sum(bytes_on_disk) FROM system.parts "
+            "WHERE active GROUP BY database, table"
+        ).rows
+        runs = store.query("SELECT run_id, count() FROM rollouts GROUP BY run_id").rows
+    return {str(t): int(b) for t, b in tables}, {str(r): int(n) for r, n in runs}
+
+
+class Lag:
+    """Every consumer group's lag on the broker: end offsets minus committed offsets."""
+
+    def __init__(self, settings: Settings):
+        self.kafka = settings.kafka
+        self.admin = AIOKafkaAdminClient(**client_options(self.kafka))
+        self.reader = AIOKafkaConsumer(**client_options(self.kafka), enable_auto_commit=False)
+
+    async def __aenter__(self) -> Lag:
+        await self.admin.start()
+        await self.reader.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.reader.stop()
+        await self.admin.close()
+
+    async def partitions(self) -> list[TopicPartition]:
+        """Every partition of rlbus's topics."""
+        prefix = self.kafka.topic_prefix
+        topics = [t for t in await self.admin.list_topics() if t.startswith(prefix)]
+        return [
+            TopicPartition(described["topic"], p["partition"])
+            for described in await self.admin.describe_topics(topics)
+            for p in described["partitions"]
+        ]
+
+    async def ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Each partition's end offset. Tansu 0.6 reports the first offset of a partition's
+        last batch + 1 as its end, so that batch is fetched and its last offset taken."""
+        reported = await self.reader.end_offsets(tps)
+        ends = dict(reported)
+        fetch = [tp for tp in tps if reported[tp] > 0]
+        self.reader.assign(fetch)
+        for tp in fetch:
+            self.reader.seek(tp, reported[tp] - 1)
+        left = set(fetch)
+        while left:
+            for tp, records in (await self.reader.getmany(*left, timeout_ms=1000)).items():
+                if records:
+                    ends[tp] = records[-1].offset + 1
+                    left.discard(tp)
+        return ends
+
+    async def events(self) -> int:
+        """Messages on rlbus's topics so far."""
+        return sum((await self.ends(await self.partitions())).values())
+
+    async def groups(self) -> dict[str, int]:
+        prefix = self.kafka.topic_prefix
+        every = await self.partitions()
+        committed = {}
+        for group, _ in await self.admin.list_consumer_groups():
+            if group.startswith(prefix):
+                # Partitions named: Tansu 0.6's answer to "all of the group's" is one aiokafka
+                # cannot decode.
+                offsets = await self.admin.list_consumer_group_offsets(group, partitions=every)
+                committed[group.removeprefix(prefix)] = {
+                    tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0
+                }
+        # Ends after commits: a commit read later than an end could pass it.
+        ends = await self.ends(every)
+        starts = await self.reader.beginning_offsets(every)
+        out: dict[str, int] = {}
+        for group, offsets in committed.items():
+            # The group's topics are those it committed in; a partition of them with no commit
+            # yet is behind by all it holds.
+            mine = {tp.topic for tp in offsets}
+            behind = [ends[tp] - offsets.get(tp, starts[tp]) for tp in every if tp.topic in mine]
+            if behind:
+                out[group] = sum(behind)
+        return out
+
+
+class RunOf(msgspec.Struct):
+    """The one field of any event that the tally below reads."""
+
+    run_id: str = ""
+
+
+Tally = dict[tuple[str, str], list[int]]
+"""(run, topic) -> [messages, bytes: key + value + headers, as on the wire]."""
+
+
+async def topic_tally(settings: Settings) -> Tally:
+    """Every message on rlbus's topics, counted by run and topic."""
+    prefix = settings.kafka.topic_prefix
+    async with Lag(settings) as lag:
+        partitions = await lag.partitions()
+    reader = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
+    await reader.start()
+    tally: Tally = {}
+    try:
+        reader.assign(partitions)
+        await reader.seek_to_beginning(*partitions)
+        ends = await reader.end_offsets(partitions)
+        left = {tp for tp in partitions if ends[tp] > 0}
+        while left:
+            for tp, records in (await reader.getmany(*left, timeout_ms=1000)).items():
+                for r in records:
+                    try:
+                        run = msgspec.msgpack.decode(r.value or b"", type=RunOf).run_id
+                    except msgspec.DecodeError:
+                        run = "-"  # JSON from outside, or rlbus's own progress records
+                    size = len(r.key or b"") + len(r.value or b"")
+                    size += sum(len(k) + len(v) for k, v in r.headers or ())
+                    counts = tally.setdefault((run, tp.topic.removeprefix(prefix)), [0, 0])
+                    counts[0] += 1
+                    counts[1] += size
+                if records and records[-1].offset + 1 >= ends[tp]:
+                    left.discard(tp)
+    finally:
+        await reader.stop()
+    return tally
+
+
+async def eval_stream(settings: Settings, per_s: float, stop: asyncio.Event) -> None:
+    """Tasks for the eval run, at a steady rate, until `stop`."""
+    async with Bus.of(settings) as bus:
+        n = 0
+        while not stop.is_set():
+            task = TaskPublished(
+                task_id=f"e{n}", env="reverse_text", prompt=f"Reverse: soak{n:07d}", run_id=EVAL
+            )
+            await bus.publish(task)
+            n += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1 / per_s)
+
+
+@contextlib.contextmanager
+def eval_roles(settings: Settings, logs: Path) -> Iterator[dict[str, RoleProcess]]:
+    """The eval run's env producer and judge, against a scripted model server."""
+    server, url = serve_in_child(SERVE)
+    eval_settings = settings.model_copy(update={"run_id": EVAL})
+    env_args = [str(EXAMPLE), "--model", "scripted", "--base-url", url]
+    roles = {
+        "eval env": RoleProcess("env", eval_settings, logs / "eval", env_args),
+        "eval judge": RoleProcess("judge", eval_settings, logs / "eval", [str(EXAMPLE)]),
+    }
+    try:
+        yield roles
+    finally:
+        for role in roles.values():
+            role.stop()
+        server.terminate()
+        server.wait(10)
+
+
+def sample(
+    minute: float,
+    processes: dict[str, int],
+    settings: Settings,
+    workdir: Path,
+    lag: dict[str, int],
+) -> Sample:
+    s = Sample(minute, lag=lag)
+    for name, pid in processes.items():
+        stats = proc_stats(pid)
+        if stats is not None:
+            s.rss_mb[name], s.open_files[name], s.cpu_s[name] = stats
+            s.fd_kinds[name] = fd_kinds(pid)
+    s.store_bytes, s.rollouts = store_figures(settings)
+    s.claims_bytes = folder_bytes(workdir / "claims")
+    s.checkpoint_bytes = folder_bytes(workdir / "checkpoints")
+    return s
+
+
+def slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of y over x (0 with fewer than two points)."""
+    if len(points) < 2:
+        return 0.0
+    xs, ys = zip(*points, strict=True)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in points) / var if var else 0.0
+
+
+def per_hour(samples: list[Sample], value: str, key: str | None = None) -> float:
+    points = [
+        (s.minute / 60, figure) for s in samples if (figure := value_of(s, value, key)) is not None
+    ]
+    return slope(points)
+
+
+def value_of(s: Sample, value: str, key: str | None = None) -> float | None:
+    """One series' figure in a sample: a field, one key of a dict field, or a dict's sum."""
+    figure = getattr(s, value)
+    if key is not None:
+        return figure.get(key)
+    return float(sum(figure.values())) if isinstance(figure, dict) else float(figure)
+
+
+def report(samples: list[Sample], warmup_minutes: float, stopped_by: str) -> None:
+    """Each series after the warm-up: first, last, the slope over all those samples and over
+    their second half (a step, such as a thread pool growing once, flattens there; growth
+    without bound does not)."""
+    after = [s for s in samples if s.minute >= warmup_minutes]
+    if len(after) < 2:
+        console.print(f"[red]only {len(after)} samples after the warm-up: no slopes[/red]")
+        after = samples
+    late = after[len(after) // 2 :]
+    first, last = after[0], after[-1]
+    table = Table(title=f"after {warmup_minutes:g} min of warm-up: {len(after)} samples")
+    for col in ("series", "first", "last", "per hour", "per hour, 2nd half"):
+        table.add_column(col, justify="right" if col != "series" else "left")
+
+    def row(label: str, value: str, key: str | None = None, scale: float = 1.0) -> float:
+        start, end = value_of(first, value, key), value_of(last, value, key)
+        whole, second = per_hour(after, value, key), per_hour(late, value, key)
+        table.add_row(
+            label,
+            "-" if start is None else f"{start / scale:.6g}",
+            "-" if end is None else f"{end / scale:.6g}",
+            f"{whole / scale:+.4g}",
+            f"{second / scale:+.4g}",
+        )
+        return whole
+
+    rss = {name: row(f"RSS MB {name}", "rss_mb", name) for name in last.rss_mb}
+    for name in last.open_files:
+        row(f"open files {name}", "open_files", name)
+        before = first.fd_kinds.get(name, {})
+        for kind, n in last.fd_kinds.get(name, {}).items():
+            if n != before.get(kind, 0):
+                table.add_row(f"  of which {kind}", str(before.get(kind, 0)), str(n), "", "")
+    for name in sorted(last.store_bytes, key=lambda t: -last.store_bytes[t]):
+        row(f"store MB {name}", "store_bytes", name, 1e6)
+    row("claim store MB", "claims_bytes", scale=1e6)
+    row("checkpoints MB", "checkpoint_bytes", scale=1e6)
+    for name in sorted(last.lag):
+        row(f"lag {name}", "lag", name)
+    for run in sorted(last.rollouts):
+        row(f"rollouts stored, {run}", "rollouts", run)
+    console.print(table)
+    cpu_table(after)
+    load = os.getloadavg()
+    console.print(f"load average (1, 5, 15 min) at the end: {load} on {os.cpu_count()} cores")
+    console.print(f"stopped: {stopped_by}")
+    rollouts_per_h = per_hour(after, "rollouts")
+    store_per_h = per_hour(after, "store_bytes")
+    per_rollout = store_per_h / rollouts_per_h if rollouts_per_h else float("nan")
+    roles = {n: mb for n, mb in rss.items() if n != "tansu"}
+    worst = max(roles, key=lambda n: roles[n]) if roles else "-"
+    print(
+        f"RESULT rss_growth_mb_per_h={roles.get(worst, 0.0):.1f} "
+        f"store_bytes_per_rollout={per_rollout:.0f} "
+        f"lag_growth={per_hour(after, 'lag'):.0f} worst_role={worst.replace(' ', '_')} "
+        f"broker_rss_growth_mb_per_h={rss.get('tansu', 0.0):.1f} "
+        f"rollouts_per_s={rollouts_per_h / 3600:.1f}"
+    )
+
+
+def cpu_table(after: list[Sample]) -> None:
+    """CPU of each process after the warm-up: cores it kept busy, per rollout of its run, per
+    message on the bus."""
+    table = Table(title="CPU after the warm-up")
+    for col in ("process", "cores", "ms per rollout of its run", "us per message on the bus"):
+        table.add_column(col, justify="right" if col != "process" else "left")
+    events_per_h = per_hour(after, "events")
+    for name in after[-1].cpu_s:
+        cpu_per_h = per_hour(after, "cpu_s", name)
+        run = EVAL if name.startswith("eval ") else RUN
+        rollouts_per_h = per_hour(after, "rollouts", run)
+        table.add_row(
+            name,
+            f"{cpu_per_h / 3600:.2f}",
+            f"{1000 * cpu_per_h / rollouts_per_h:.1f}" if rollouts_per_h else "-",
+            f"{1e6 * cpu_per_h / events_per_h:.0f}" if events_per_h else "-",
+        )
+    console.print(table)
+    console.print(f"messages on the bus: {events_per_h / 3600:.0f}/s")
+
+
+def run_config(workdir: Path, model: Path) -> tuple[Path, list[str]]:
+    overrides = [
+        "--run-id", RUN,
+        "--model", str(model),
+        "--max-steps", "1000000",
+        "--store.url", f"chdb://{workdir / 'store'}",
+        "--claim-check.url", str(workdir / "claims"),
+        "--orchestrator.tasks-per-step", "4",
+        "--orchestrator.eval-every", "0",
+        "--trainer.checkpoint-url", str(workdir / "checkpoints" / RUN),
+    ]  # fmt: skip
+    return EXAMPLE / "rl.toml", overrides
+
+
+async def watch(
+    args: argparse.Namespace,
+    watched: dict[str, RoleProcess],
+    pids: dict[str, int],
+    settings: Settings,
+    workdir: Path,
+) -> tuple[list[Sample], str, Tally]:
+    """Feed the eval stream and sample every --sample-s until --minutes pass or a process
+    dies; every sample is appended to <workdir>/soak.jsonl as it is taken. Then tally what
+    the topics hold, by run."""
+    stop = asyncio.Event()
+    eval_settings = settings.model_copy(update={"run_id": EVAL})
+    streaming = asyncio.create_task(eval_stream(eval_settings, args.eval_tasks_per_s, stop))
+    samples: list[Sample] = []
+    stopped_by = f"{args.minutes:g} minutes passed"
+    started = time.monotonic()
+    try:
+        async with Lag(settings) as lag:
+            with Progress(console=console) as progress, (workdir / "soak.jsonl").open("a") as out:
+                bar = progress.add_task("soak", total=args.minutes * 60)
+                while (elapsed := time.monotonic() - started) < args.minutes * 60:
+                    dead = [name for name, p in watched.items() if not p.alive()]
+                    if dead or streaming.done():
+                        stopped_by = f"{', '.join(dead) or 'the eval stream'} stopped"
+                        break
+                    lags = await lag.groups()
+                    s = await asyncio.to_thread(sample, elapsed / 60, pids, settings, workdir, lags)
+                    s.events = await lag.events()
+                    samples.append(s)
+                    out.write(json.dumps(asdict(s)) + "\n")
+                    out.flush()
+                    stored = sum(s.rollouts.values())
+                    progress.update(bar, completed=elapsed, description=f"{stored} rollouts")
+                    next_at = started + len(samples) * args.sample_s
+                    await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+    finally:
+        stop.set()
+        await streaming
+    return samples, stopped_by, await topic_tally(settings)
+
+
+def soak(args: argparse.Namespace, workdir: Path) -> None:
+    model = workdir / "tiny"
+    if not model.exists():
+        init_model(model, seed=0)
+    config, overrides = run_config(workdir, model)
+    cfg = load_run_config(config, overrides)
+    run = LocalRun(cfg, config, overrides, resume=False, console=console)
+    logs = run.run_dir / "logs"
+    with local_broker(cfg.base()) as (base, broker):
+        try:
+            run.start_roles(base)
+            with eval_roles(base, logs) as evals:
+                watched = {**numbered(run.processes), **evals}
+                pids = {name: p.proc.pid for name, p in watched.items()}
+                if broker is not None and broker.pid is not None:
+                    pids["tansu"] = broker.pid
+                samples, stopped_by, tally = asyncio.run(watch(args, watched, pids, base, workdir))
+        finally:
+            run.stop()
+    console.print(f"role logs: {logs}; samples: {workdir / 'soak.jsonl'}")
+    per_rollout(tally)
+    report(samples, args.warmup_minutes, stopped_by)
+
+
+def per_rollout(tally: Tally) -> None:
+    """Messages and bytes on the bus per rollout, by topic, for each run that has rollouts."""
+    for run in sorted({r for r, _ in tally}):
+        rollouts = tally.get((run, "rollouts"), [0, 0])[0]
+        if not rollouts:
+            continue
+        table = Table(title=f"on the bus per rollout of {run} ({rollouts} rollouts)")
+        for col in ("topic", "messages", "bytes", "messages per rollout", "bytes per rollout"):
+            table.add_column(col, justify="right" if col != "topic" else "left")
+        rows = sorted(((t, c) for (r, t), c in tally.items() if r == run), key=lambda x: -x[1][1])
+        for topic, (n, size) in rows:
+            table.add_row(topic, str(n), str(size), f"{n / rollouts:.2f}", f"{size / rollouts:.0f}")
+        total = [sum(c[0] for _, c in rows), sum(c[1] for _, c in rows)]
+        table.add_row(
+            "all",
+            str(total[0]),
+            str(total[1]),
+            f"{total[0] / rollouts:.2f}",
+            f"{total[1] / rollouts:.0f}",
+        )
+        console.print(table)
+
+
+def numbered(processes: list[RoleProcess]) -> dict[str, RoleProcess]:
+    """Processes by role, numbered where a role runs more than once (env, env 2)."""
+    out: dict[str, RoleProcess] = {}
+    for p in processes:
+        name, n = p.role, 1
+        while name in out:
+            n += 1
+            name = f"{p.role} {n}"
+        out[name] = p
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=60)
+    parser.add_argument("--sample-s", type=float, default=60)
+    parser.add_argument(
+        "--warmup-minutes", type=float, default=None, help="default: a fifth of --minutes, >= 2"
+    )
+    parser.add_argument("--eval-tasks-per-s", type=float, default=1.0)
+    parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary one")
+    args = parser.parse_args()
+    if args.warmup_minutes is None:
+        args.warmup_minutes = max(2.0, args.minutes / 5)
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = (args.workdir or Path(tmp)).resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        console.print(f"soak: {args.minutes:g} min in {workdir}")
+        soak(args, workdir)
+
+
+if __name__ == "__main__":
+    main()
