@@ -9,9 +9,10 @@ the group's elected member, gives partition 0 to the member that says it leads (
 became leader last, should a leader cut off from the group come back and still say so), else
 to the member that joined first. A standby joining never takes over from a live leader, as a
 round-robin assignment would half of the time. Between the coordinator giving the partition to
-another member and a cut-off leader hearing of it (its next heartbeat, `LEASE_S` / 6), both may
-believe they lead: the leader stops publishing as soon as a rebalance begins (`leading`), and
-the orchestrator's batches carry ids derived from their step, which the trainer trains once.
+another member and a cut-off leader hearing of it (its next heartbeat,
+kafka.heartbeat_interval_ms), both may believe they lead: the leader stops publishing as soon as
+a rebalance begins (`leading`), and the orchestrator's batches carry ids derived from their
+step, which the trainer trains once.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from aiokafka.coordinator.protocol import (
 )
 
 from rlbus.bus.connection import client_options
+from rlbus.bus.membership import group_options, leave_first_generation
 
 if TYPE_CHECKING:
     from rlbus.bus.bus import Bus
@@ -38,9 +40,6 @@ log = logging.getLogger(__name__)
 
 TOPIC = "leaders"
 """Not an event topic: nothing is written to it; its partition 0 is the token of leadership."""
-LEASE_S = 6.0
-"""The leadership group's session timeout: a leader killed without leaving is replaced this
-long after its last heartbeat (plus the broker's rebalance)."""
 
 
 def _claim(leading_since: float | None, joined: float) -> bytes:
@@ -89,10 +88,9 @@ class Leadership(ConsumerRebalanceListener):
     """`async with Leadership(bus, group) as lead:` then `await lead.acquired(stop)`; `lead.lost`
     is set if another member takes over."""
 
-    def __init__(self, bus: Bus, group: str, lease_s: float = LEASE_S):
+    def __init__(self, bus: Bus, group: str):
         self.bus = bus
         self.group = group
-        self.lease_s = lease_s
         self.joined = time.time()
         self.leading = False
         """Holds partition 0 now (False during a rebalance, until it is given back)."""
@@ -147,8 +145,10 @@ class Leadership(ConsumerRebalanceListener):
             group_id=self.bus.kafka.topic_prefix + self.group,
             enable_auto_commit=False,
             partition_assignment_strategy=(_Assignor(self),),
-            session_timeout_ms=int(self.lease_s * 1000),
-            heartbeat_interval_ms=max(100, int(self.lease_s * 1000 / 6)),
+            # The role's session and heartbeat (a leader killed without leaving is replaced a
+            # session timeout after its last heartbeat); never static: a static leader would
+            # keep its place, and leadership, until its session ran out even on a clean stop.
+            **(group_options(self.bus.kafka) | {"group_instance_id": None}),
         )
         consumer.subscribe([self.bus.topics.name(TOPIC)], listener=self)
         await consumer.start()
@@ -175,4 +175,5 @@ class Leadership(ConsumerRebalanceListener):
             await asyncio.gather(polling, return_exceptions=True)
         if consumer is not None:
             # Leaves the group: a standby takes over at the next rebalance, not after a timeout.
+            await leave_first_generation(consumer)
             await consumer.stop()

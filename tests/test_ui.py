@@ -464,7 +464,7 @@ def check_pages_in_browser(world: World) -> None:
             "[...document.querySelectorAll('svg.chart')]"
             ".map(s => s.querySelectorAll('circle.dot').length)"
         )
-        assert len(charts) == 6 and all(n > 0 for n in charts), charts
+        assert len(charts) == 7 and all(n > 0 for n in charts), charts
         assert page.evaluate("document.getElementById('run-id').textContent") == world.run
 
         visit(page, world, f"/rollouts?run={world.run}", "rollouts")
