@@ -87,7 +87,7 @@ def trl_side(args: argparse.Namespace) -> None:
                 for p in due:
                     points.remove(p)
                 path = out / f"step-{state.global_step:05d}"
-                model.save_pretrained(path)
+                kwargs["model"].save_pretrained(path)  # under LoRA, the adapter alone
                 tokenizer.save_pretrained(path)
                 with log.open("a") as f:
                     f.write(
@@ -136,10 +136,13 @@ def trl_side(args: argparse.Namespace) -> None:
         peft_config=peft_config,
     )
     trainer.train()
-    if args.lora:  # what the shared evaluation loads: the merged weights of the last save
+    if args.lora:  # what the shared evaluation loads: each save's adapter merged into the base
+        from peft import PeftModel
+
         for line in log.read_text().splitlines():
             path = Path(json.loads(line)["path"])
-            merged = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            base = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+            merged = PeftModel.from_pretrained(base, path).merge_and_unload()
             merged.save_pretrained(path)
 
 
@@ -225,19 +228,33 @@ class Task:
         return self.env.taskset.correct(text=text, answer=answer)
 
 
-def evaluate(model_dir: Path, weights: Path | None, task: Task, max_tokens: int) -> float:
-    """Mean held-out reward of a model (optionally with a weights file of rlbus's trainer)."""
+def load_version(model: Any, weights: Path) -> None:
+    """Put a weight version of rlbus's trainer into `model` as the inference engine does: full
+    weights matched parameter by parameter, or LoRA deltas merged onto the base weights."""
     import torch
-    from safetensors.torch import load_file
+
+    from rlbus.consumers.inference.adapters import AdapterMerger
+    from rlbus.consumers.inference.checkpoint_reader import match_parameters, read_checkpoint
+
+    checkpoint = read_checkpoint(str(weights))
+    if checkpoint.kind == "lora-delta":
+        pairs = AdapterMerger(model).pairs(checkpoint.tensors, version=1)
+    else:
+        pairs = match_parameters(model, checkpoint.tensors)
+    with torch.no_grad():
+        for param, tensor in pairs:
+            param.copy_(tensor)
+
+
+def evaluate(model_dir: Path, weights: Path | None, task: Task, max_tokens: int) -> float:
+    """Mean held-out reward of a model (optionally with a weights version of rlbus's trainer)."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     if weights is not None:
-        missing, unexpected = model.load_state_dict(load_file(weights), strict=False)
-        tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
-        if set(missing) - tied or unexpected:
-            raise RuntimeError(f"{weights}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        load_version(model, weights)
     torch.manual_seed(0)
     tokenizer.padding_side = "left"
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -369,7 +386,9 @@ def main() -> None:
     parser.add_argument("--task", choices=["reverse_text", "chain_sum"], default="reverse_text")
     parser.add_argument("--minutes", type=float, default=35, help="wall clock for each side")
     parser.add_argument("--every", type=float, default=5, help="minutes between eval points")
-    parser.add_argument("--model", type=Path, default=Path("/work/cache/smollm2"))
+    parser.add_argument(
+        "--model", type=Path, help="HF model directory (default: SmolLM2 imported into bench/out)"
+    )
     parser.add_argument("--eval-tasks", type=int, default=128)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--tasks-per-step", type=int, default=4)
@@ -396,6 +415,10 @@ def main() -> None:
     points = [args.every * i for i in range(1, int(args.minutes // args.every) + 1)]
     if not points or points[-1] < args.minutes:
         points.append(args.minutes)
+    if args.model is None:
+        from real_model import default_model
+
+        args.model = default_model()
     task = Task(args.task, args.eval_tasks)
     console.print(
         f"{args.task}: {len(task.held_out)} held-out tasks; {args.tasks_per_step} tasks x "
