@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.cluster import ClusterMetadata
@@ -140,15 +140,16 @@ class Leadership(ConsumerRebalanceListener):
 
     async def __aenter__(self) -> Leadership:
         await self.bus.topics.ensure([TOPIC])
+        # The role's session and heartbeat (a leader killed without leaving is replaced a session
+        # timeout after its last heartbeat); never static: a static leader would keep its place,
+        # and leadership, until its session ran out even on a clean stop.
+        membership: dict[str, Any] = {**group_options(self.bus.kafka), "group_instance_id": None}
         consumer = AIOKafkaConsumer(
             **client_options(self.bus.kafka),
             group_id=self.bus.kafka.topic_prefix + self.group,
             enable_auto_commit=False,
             partition_assignment_strategy=(_Assignor(self),),
-            # The role's session and heartbeat (a leader killed without leaving is replaced a
-            # session timeout after its last heartbeat); never static: a static leader would
-            # keep its place, and leadership, until its session ran out even on a clean stop.
-            **(group_options(self.bus.kafka) | {"group_instance_id": None}),
+            **membership,
         )
         consumer.subscribe([self.bus.topics.name(TOPIC)], listener=self)
         await consumer.start()
