@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "reverse_text"
 ROLES = ("env", "judge", "orchestrator", "trainer", "inference", "sink")
 """In the order they are killed. The sink goes last: training goes on without it, unseen (steps
-are read from the store), and a sink's rejoin takes the broker ~20 s, in which a tiny run can
+are read from the store), and a restarted sink reads a backlog first, in which a tiny run can
 pass its last step; every other role's restart holds the run up instead."""
 ROLES_AT_N = ("orchestrator", "env", "judge", "inference", "sink")
 """With N of each: one instance of each killed, in this order, none restarted (the sink last,

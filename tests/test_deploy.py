@@ -343,6 +343,20 @@ def test_env_producers_reach_the_inference_replicas_by_a_name_they_share() -> No
     assert service["spec"]["selector"]["app.kubernetes.io/component"] == "inference"
 
 
+def test_inference_replicas_announce_an_address_other_pods_reach() -> None:
+    """A Deployment's pod names do not resolve in cluster DNS, so the default announcement
+    (http://HOSTNAME:PORT/v1) would send producers nowhere: each replica announces its pod IP,
+    which Kubernetes substitutes into the args from the downward API."""
+    container = k8s_role("inference")["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    url = args[args.index("--url") + 1]
+    announced = re.fullmatch(r"http://\$\((\w+)\):(\d+)/v1", url)
+    assert announced, f"--url {url} is not http://$(VARIABLE):PORT/v1"
+    env = {e["name"]: e for e in container.get("env", [])}
+    assert env[announced[1]]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert announced[2] == args[args.index("--port") + 1]
+
+
 def test_claims_and_checkpoints_are_where_every_replica_reaches_them() -> None:
     """One Docker host: a volume every container mounts. Kubernetes: object storage (a local
     folder is one node's), with its fsspec backend installed in the image."""
