@@ -41,7 +41,7 @@ class CausalLMOutput:
 
 class TitanPolicy(nn.Module):
     """torchtitan's decoder behind the call the trainer's step makes:
-    `model(input_ids=..., attention_mask=...).logits`."""
+    `model(input_ids=..., attention_mask=..., logits_to_keep=...).logits`."""
 
     def __init__(self, decoder: nn.Module, config: Any, adapter: Any):
         super().__init__()
@@ -51,9 +51,17 @@ class TitanPolicy(nn.Module):
         self.adapter = adapter
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        logits_to_keep: torch.Tensor | None = None,
     ) -> CausalLMOutput:
-        return CausalLMOutput(logits=self.decoder(input_ids))
+        """`logits_to_keep`: a [B, T] bool mask; the logits of those positions alone, [n, V]
+        row-major, as the Hugging Face models return them. The head still runs everywhere
+        here: calling the decoder's parts one by one would skip FSDP2's unsharding of the
+        root module's own parameters (embedding, norm, head)."""
+        logits = self.decoder(input_ids)
+        return CausalLMOutput(logits=logits if logits_to_keep is None else logits[logits_to_keep])
 
     def hf_weights(self) -> dict[str, torch.Tensor]:
         """Every weight, gathered from the ranks, under its Hugging Face name (a tied head
