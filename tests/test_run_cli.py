@@ -4,6 +4,9 @@ broker: the store and the checkpoint are what survive), or says there is nothing
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from rlbus.bus.store import Store, open_store
+from rlbus.bus.waiting import wait_for
 from rlbus.consumers.inference.model_init import init_model
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 
 
-def rlbus_run(tmp: Path, model: Path, *extra: str) -> subprocess.CompletedProcess:
-    args = [
+def run_args(tmp: Path, model: Path) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "rlbus",
@@ -37,8 +41,11 @@ def rlbus_run(tmp: Path, model: Path, *extra: str) -> subprocess.CompletedProces
         "0",
         "--envs.reverse_text.overrides.group-size",
         "4",
-        *extra,
     ]
+
+
+def rlbus_run(tmp: Path, model: Path, *extra: str) -> subprocess.CompletedProcess:
+    args = [*run_args(tmp, model), *extra]
     return subprocess.run(args, capture_output=True, text=True, timeout=240, cwd=tmp, check=False)
 
 
@@ -153,3 +160,53 @@ def test_rlbus_run_spreads_rollouts_over_inference_replicas_and_records_each_ver
         ):
             wrong.append((replica, version, ended, seconds, history))
     assert calls and not wrong, wrong[:5]
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan is reaped by init, a zombie only by its parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def start_run(tmp: Path) -> tuple[subprocess.Popen[str], list[int]]:
+    """`rlbus run` for many steps, returned mid-run (inference serves version 2): it and its
+    role processes."""
+    model = tmp / "tiny"
+    init_model(model, seed=0)
+    args = [*run_args(tmp, model), "--max-steps", "1000"]
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp
+    )
+    logs = tmp / "store" / "runs" / "cli" / "logs"
+    serving = logs / "inference.log"
+    mid_run = lambda: serving.exists() and "serving weights version 2" in serving.read_text()  # noqa: E731
+    wait_for(mid_run, 180, "inference to serve version 2")
+    return proc, [c for c in children(proc.pid) if running(c)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_stopped_or_killed_rlbus_run_leaves_no_role_running(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """SIGTERM (systemd, Kubernetes, a script's timeout) stops `rlbus run` as Ctrl-C does: the
+    roles are stopped in order. SIGKILL gives it no chance: its roles (they die with it) and
+    broker still go, instead of running on for good against a broker that is gone."""
+    proc, roles = start_run(tmp_path)
+    try:
+        proc.send_signal(sig)
+        out = proc.communicate(timeout=150)[0]
+        if sig == signal.SIGTERM:
+            assert proc.returncode == 130 and "continue with --resume" in out, out[-3000:]
+        wait_for(lambda: not any(running(r) for r in roles), 60, "the roles to stop")
+    finally:
+        proc.kill()
+        for pid in roles:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rlbus.config import Settings, settings_env
+from rlbus.producers.runtimes.linux import PR_SET_PDEATHSIG, prctl
 
 MEMORY_SETTINGS = {
     "trainer": "trainer.micro_batch_tokens (the trainer logs its memory estimate; "
@@ -18,6 +19,13 @@ MEMORY_SETTINGS = {
     "inference": "the rollouts running at once (max_concurrent_rollouts of the envs)",
 }
 """What to lower when a role runs out of memory."""
+
+
+def _stop_with_launcher() -> None:
+    """In the role's process, before exec: SIGTERM when the process that started it dies, however
+    it dies (SIGKILL, OOM). A role outliving its launcher would run on for good against the
+    launcher's embedded broker, which dies with it; SIGTERM lets it commit what it handled."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def exit_reason(role: str, code: int | None) -> str:
@@ -63,6 +71,7 @@ class RoleProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                preexec_fn=_stop_with_launcher,
             )
 
     def restart(self, *extra_args: str) -> None:

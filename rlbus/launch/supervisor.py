@@ -9,9 +9,11 @@ process of a role has died (naming it; one of several dying is reported and the 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -68,6 +70,21 @@ class BrokerLost(RuntimeError):
 
 STOP_ORDER = {"orchestrator": 0, "env": 1, "judge": 2, "trainer": 3, "inference": 4, "sink": 5}
 """Orchestrator and producers first, the trainer (finishing its batch), inference, the sink last."""
+
+
+@contextlib.contextmanager
+def terminated_as_interrupt() -> Iterator[None]:
+    """SIGTERM (systemd, Kubernetes, a script's timeout) raises KeyboardInterrupt while inside,
+    in the main thread: its default would end the launcher at once, its roles left running."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def role_threads(role: str, inference_threads: int, cpus: int, replicas: int = 1) -> int:
@@ -146,9 +163,10 @@ class LocalRun:
         return process
 
     def run(self, timeout_s: float = 600) -> int:
-        """Returns the orchestrator's exit code (0: max_steps reached and evaluated)."""
+        """Returns the orchestrator's exit code (0: max_steps reached and evaluated). SIGTERM
+        stops it as Ctrl-C does (KeyboardInterrupt, the roles stopped in order)."""
         self.started = time.time()
-        with local_broker(self.cfg.base()) as (base, broker):
+        with terminated_as_interrupt(), local_broker(self.cfg.base()) as (base, broker):
             self.broker = broker
             ledger = str(self.acks)
             base = base.model_copy(
