@@ -4,6 +4,7 @@ wall-clock points.
 
     python bench/vs_trl.py [--task reverse_text|chain_sum] [--minutes 14] [--model DIR]
         [--every 3.5] [--eval-tasks 128] [--no-lora] [--trl-only --trl-steps 2]  (a smoke test)
+        [--reuse-trl]  (TRL's checkpoints of the last run, when only rlbus's side changed)
 
 Defaults (LoRA rank 8 on every linear layer, lr 2e-4, 4 tasks x 8 samples, 32 tokens, 14 minutes
 a side) keep the whole bench within ~40 minutes on 2 cores.
@@ -307,8 +308,10 @@ def serve_scorer(task: Task, group_size: int) -> tuple[ThreadingHTTPServer, str]
 
 
 def run_trl(args: argparse.Namespace, task: Task, points: list[float]) -> list[tuple[float, Path]]:
-    python = ensure_trl_venv()
     out = OUT / "trl"
+    if args.reuse_trl:
+        return trl_saves(out)
+    python = ensure_trl_venv()
     out.mkdir(parents=True, exist_ok=True)
     (out / "points.jsonl").unlink(missing_ok=True)
     train = out / "train.jsonl"
@@ -323,6 +326,11 @@ def run_trl(args: argparse.Namespace, task: Task, points: list[float]) -> list[t
         subprocess.run(command, check=True, timeout=args.minutes * 60 + 1800)
     finally:
         server.shutdown()
+    return trl_saves(out)
+
+
+def trl_saves(out: Path) -> list[tuple[float, Path]]:
+    """(seconds from launch, checkpoint) of each point TRL's side saved."""
     saved = [json.loads(line) for line in (out / "points.jsonl").read_text().splitlines()]
     return [(s["elapsed_s"], Path(s["path"])) for s in saved]
 
@@ -415,6 +423,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--trl-only", action="store_true", help="run TRL's side only")
     parser.add_argument("--trl-steps", type=int, default=0, help="stop TRL after N steps")
+    parser.add_argument(
+        "--reuse-trl",
+        action="store_true",
+        help="evaluate the TRL checkpoints of the last run (same settings) instead of training",
+    )
     parser.add_argument("--trl-side", action="store_true", help=argparse.SUPPRESS)
     for hidden in ("--t0", "--out", "--train", "--scorer", "--points"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
