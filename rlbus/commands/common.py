@@ -7,7 +7,9 @@ import asyncio
 import gc
 import importlib.util
 import logging
+import os
 import signal
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -108,14 +110,41 @@ def start_role(settings: S, role: str) -> S:
     return settings
 
 
+STOP_GRACE_S = 30.0
+"""How long a role may take to stop after SIGINT/SIGTERM before it exits unfinished. A clean stop
+commits what the role handled; against a broker that is gone (its launcher killed, and the
+embedded broker with it) those commits never return, and the role would linger for good. What
+it had not committed is handled again, as after a SIGKILL. (Kubernetes' default grace is 30 s
+too.)"""
+
+
+def _exit_after(grace_s: float) -> None:
+    """From a thread of its own, so that a blocked event loop cannot hold the exit back."""
+
+    def exit_unfinished() -> None:
+        err_console.print(f"not stopped {grace_s:g}s after the signal: exiting unfinished")
+        os._exit(1)
+
+    timer = threading.Timer(grace_s, exit_unfinished)
+    timer.daemon = True
+    timer.start()
+
+
 def run_until_signal(main: Callable[[asyncio.Event], Awaitable[T]]) -> T:
-    """Run `main(stop)`; SIGINT/SIGTERM set `stop` so the coroutine can finish its batch."""
+    """Run `main(stop)`; SIGINT/SIGTERM set `stop` so the coroutine can finish its batch, within
+    STOP_GRACE_S."""
 
     async def runner() -> T:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def stopping() -> None:
+            if not stop.is_set():
+                stop.set()
+                _exit_after(STOP_GRACE_S)
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, stopping)
         return await main(stop)
 
     # What a long-lived role imported and built before this point lives as long as it does:
