@@ -28,6 +28,7 @@ from rlbus.producers.runtimes import (
 )
 from rlbus.producers.runtimes.docker import RELAY
 from rlbus.testing import ScriptedServer
+from rlbus.testing.processes import alive
 
 
 def run(
@@ -83,15 +84,6 @@ def test_timeout_kills_the_whole_process_group() -> None:
     grandchild = int(result.stdout.split()[0])
     time.sleep(0.2)
     assert not alive(grandchild)
-
-
-def alive(pid: int) -> bool:
-    """Running, as opposed to gone or a zombie nobody has reaped yet (PID 1 here may not reap)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 def test_memory_limit_holds_for_the_tree_and_leaves_no_cgroup() -> None:

@@ -16,6 +16,7 @@ import pytest
 from rlbus.bus.store import Store, open_store
 from rlbus.bus.waiting import wait_for
 from rlbus.consumers.inference.model_init import init_model
+from rlbus.testing.processes import alive
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 
@@ -166,14 +167,6 @@ def children(pid: int) -> list[int]:
     return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-def running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan is reaped by init, a zombie only by its parent)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 def start_run(tmp: Path) -> tuple[subprocess.Popen[str], list[int]]:
     """`rlbus run` for many steps, returned mid-run (inference serves version 2): it and its
     role processes."""
@@ -187,7 +180,7 @@ def start_run(tmp: Path) -> tuple[subprocess.Popen[str], list[int]]:
     serving = logs / "inference.log"
     mid_run = lambda: serving.exists() and "serving weights version 2" in serving.read_text()  # noqa: E731
     wait_for(mid_run, 180, "inference to serve version 2")
-    return proc, [c for c in children(proc.pid) if running(c)]
+    return proc, [c for c in children(proc.pid) if alive(c)]
 
 
 @pytest.mark.slow
@@ -204,7 +197,7 @@ def test_a_stopped_or_killed_rlbus_run_leaves_no_role_running(
         out = proc.communicate(timeout=150)[0]
         if sig == signal.SIGTERM:
             assert proc.returncode == 130 and "continue with --resume" in out, out[-3000:]
-        wait_for(lambda: not any(running(r) for r in roles), 60, "the roles to stop")
+        wait_for(lambda: not any(alive(r) for r in roles), 60, "the roles to stop")
     finally:
         proc.kill()
         for pid in roles:

@@ -23,15 +23,7 @@ from rlbus.discovery import BROKER_FILE, store_served_elsewhere
 from rlbus.launch.local_sink import LocalSink
 from rlbus.launch.processes import RoleProcess
 from rlbus.schemas import Event, TaskPublished
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (killed, not yet reaped by its parent) is dead for our purposes.
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+from rlbus.testing.processes import alive
 
 
 def children(pid: int) -> list[int]:
