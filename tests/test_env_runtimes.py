@@ -28,7 +28,7 @@ from rlbus.producers.runtimes import (
 )
 from rlbus.producers.runtimes.docker import RELAY
 from rlbus.testing import ScriptedServer
-from rlbus.testing.processes import alive
+from rlbus.testing.pids import alive
 
 
 def run(

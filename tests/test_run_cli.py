@@ -16,7 +16,7 @@ import pytest
 from rlbus.bus.store import Store, open_store
 from rlbus.bus.waiting import wait_for
 from rlbus.consumers.inference.model_init import init_model
-from rlbus.testing.processes import alive
+from rlbus.testing.pids import alive
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 

@@ -23,7 +23,7 @@ from rlbus.discovery import BROKER_FILE, store_served_elsewhere
 from rlbus.launch.local_sink import LocalSink
 from rlbus.launch.processes import RoleProcess
 from rlbus.schemas import Event, TaskPublished
-from rlbus.testing.processes import alive
+from rlbus.testing.pids import alive
 
 
 def children(pid: int) -> list[int]:
