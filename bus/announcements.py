@@ -9,8 +9,12 @@ news, the sign that the worker is still there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from aiokafka.errors import KafkaError
 
 from rlbus.bus.records import from_record
 from rlbus.bus.topic_reader import from_start
@@ -21,6 +25,8 @@ if TYPE_CHECKING:
 
 TOPIC = "weights"
 
+log = logging.getLogger(__name__)
+
 
 async def follow_announcements(
     bus: Bus,
@@ -28,17 +34,43 @@ async def follow_announcements(
     heard: Callable[[WeightLoaded, float], None],
     stop: asyncio.Event,
     poll_ms: int = 500,
+    retry_s: float = 1.0,
 ) -> None:
     """Call `heard(event, unix_seconds)` for each WeightLoaded of `run_id`, past ones first,
-    until `stop`. Records that do not decode are the consumer groups' to dead-letter."""
-    async with from_start(bus, TOPIC) as (consumer, _):
+    until `stop`. Records that do not decode are the consumer groups' to dead-letter.
+
+    A broker error starts the reading again from the topic's start `retry_s` later: a follower
+    that gave up would leave its roster hearing no replica, and the orchestrator waiting for
+    ever for a version its replicas serve (`heard` takes repeats)."""
+    while not stop.is_set():
+        try:
+            await _follow(bus, run_id, heard, stop, poll_ms)
+        except KafkaError as exc:
+            log.warning(
+                "following the inference replicas of run %s: %r; again in %gs", run_id, exc, retry_s
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), retry_s)
+
+
+async def _follow(
+    bus: Bus,
+    run_id: str,
+    heard: Callable[[WeightLoaded, float], None],
+    stop: asyncio.Event,
+    poll_ms: int,
+) -> None:
+    async with from_start(bus, TOPIC) as (consumer, partitions):
+        if not partitions:  # a broker that lost its topics (the embedded one keeps none)
+            raise KafkaError(f"{bus.topics.name(TOPIC)} has no partitions yet")
         while not stop.is_set():
             polled = await consumer.getmany(timeout_ms=poll_ms)
             for records in polled.values():
                 for record in records:
                     try:
-                        event = from_record(TOPIC, record, bus.claims)
+                        events = from_record(TOPIC, record, bus.claims)
                     except Exception:  # not ours to judge here
                         continue
-                    if isinstance(event, WeightLoaded) and event.run_id == run_id:
-                        heard(event, record.timestamp / 1000)
+                    for event in events:
+                        if isinstance(event, WeightLoaded) and event.run_id == run_id:
+                            heard(event, record.timestamp / 1000)

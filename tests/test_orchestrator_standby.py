@@ -36,12 +36,6 @@ def leader(orchestrators: list[RoleProcess]) -> RoleProcess | None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="known bug, open in issue 20: under -n 4 on 2 cores the standby sometimes leads "
-    "('trainer is at version 2; next batch is step 4') and then publishes no batch until the "
-    "timeout (failed in CI at stop 26 and in 1 of 3 full runs here; passes alone in ~34 s)",
-    strict=False,
-)
 def test_a_standby_orchestrator_takes_over_with_one_batch_per_step(tmp_path: Path) -> None:
     model = tmp_path / "tiny"
     init_model(model, seed=0)

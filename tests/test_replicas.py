@@ -1,7 +1,8 @@
 """Several inference replicas behind one run: what the roster counts as served, how a rollout's
 route picks a replica, and (two real inference servers on 127.0.0.1, the built-in engine on a
 tiny model) that a multi-turn rollout stays on one replica and that a call whose replica is gone
-is made again on the other, counted, with both attempts in the rollout's trace."""
+is made again on the other, counted, with both attempts in the rollout's trace; and that the
+roster of announcements keeps following the replicas across an outage of the real broker."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from pathlib import Path
 import msgspec
 import pytest
 import uvicorn
+from isolated import isolated_settings
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from rlbus.bus import free_port, telemetry
+from rlbus.bus import Bus, EmbeddedBroker, free_port, telemetry
+from rlbus.bus.announcements import follow_announcements
 from rlbus.bus.waiting import wait_until
 from rlbus.clients.replicas import Replicas, Roster, Route
 from rlbus.config.env import ModelConfig
@@ -53,6 +56,38 @@ def test_a_version_counts_as_served_once_enough_live_replicas_serve_it() -> None
     assert roster.served(now=104.5) == 4
     assert [r.worker_id for r in roster.live(now=104.5)] == ["w2"]
     assert (roster.version_of(B, now=104.5), roster.version_of(A, now=104.5)) == (4, None)
+
+
+@pytest.mark.slow
+async def test_the_roster_hears_replicas_again_after_the_broker_was_unreachable(
+    tmp_path: Path,
+) -> None:
+    """A follower that cannot reach the broker (here: gone when it starts) tries again, and hears
+    the re-announcements once it is back. Before, its task died with the connection error, and
+    even on a healthy broker it heard nothing (it took a record's list of events for an event):
+    an orchestrator that took over then waited for ever for a version its replicas served
+    (issue 20, the standby that led and published nothing)."""
+    port = free_port()
+    stop = asyncio.Event()
+    roster = Roster(announce_every_s=1.0)
+    with EmbeddedBroker(port=port) as first:
+        settings = isolated_settings(first, tmp_path, run_id="r")
+        async with Bus.of(settings) as bus:
+            first.stop()
+            following = asyncio.create_task(follow_announcements(bus, "r", roster.heard, stop))
+            await asyncio.sleep(2)  # its first attempts fail: nothing listens on the port
+            assert not following.done(), following.exception()
+            with EmbeddedBroker(port=port):  # back on its address, empty (Tansu keeps no data)
+                async with Bus.of(settings) as replica:
+                    await replica.ensure_topics(["weights"])
+                    for _ in range(20):  # a replica re-announces while it serves
+                        await replica.publish(loaded("w", 3))
+                        if roster.served() == 3:
+                            break
+                        await asyncio.sleep(1)
+                stop.set()
+                await following
+    assert roster.served() == 3
 
 
 def test_a_route_keeps_its_replica_and_new_routes_go_to_the_least_busy() -> None:
