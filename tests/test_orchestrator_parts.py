@@ -97,13 +97,13 @@ def delivery(rollout_id: str, offset: int, holds: Holds, topic: str = "scored") 
 
 def test_pieces_stay_uncommitted_until_their_rollout_is_batched_or_released() -> None:
     commits = Holds()
-    held = HeldRollouts()
+    held = HeldRollouts(max_off_policy_steps=2)
     assert held.hold("r1", delivery("r1", 0, commits, topic="tokens"))
     assert held.hold("r1", delivery("r1", 1, commits))
     assert held.hold("r2", delivery("r2", 2, commits))
     assert commits.oldest("scored", 0) == 1 and commits.oldest("tokens", 0) == 0
     assert held.headers(["r1", "r2"], "scored") == [(("h1", b""),), (("h2", b""),)]
-    held.mark_batched(["r1"])
+    held.mark_batched(["r1"], step=1)
     assert list(held.held) == ["r2"] and commits.oldest("tokens", 0) is None
     assert not held.hold("r1", delivery("r1", 3, commits))  # redelivered after a restart
     assert commits.oldest("scored", 0) == 2
@@ -112,15 +112,38 @@ def test_pieces_stay_uncommitted_until_their_rollout_is_batched_or_released() ->
 
 
 def test_a_resumed_orchestrator_never_holds_what_its_predecessors_batched() -> None:
-    held = HeldRollouts()
+    held = HeldRollouts(max_off_policy_steps=2)
     held.resume(
         [
             TrainBatch(batch_id="b3", step=3, samples=[sample("r1", 2)]),
             TrainBatch(batch_id="b2", step=2, samples=[sample("r2", 1)]),
         ]
     )
-    assert held.published_step == 3 and held.batched == {"r1", "r2"}
+    assert held.published_step == 3 and held.remembered() == 2
     assert not held.hold("r2", delivery("r2", 0, Holds()))
+
+
+def test_batched_rollouts_are_remembered_only_while_a_redelivery_could_be_trained() -> None:
+    """A redelivered piece of a rollout batched at step s has samples of version s-1 at the
+    newest; once batch s+M is out (M = max_off_policy_steps) the next batch takes nothing older
+    than version s, so the gate drops it as stale anyway. Ids of older batches are
+    forgotten (one step later than the gate needs): a run held every id it ever batched before,
+    about 100 B each."""
+    held = HeldRollouts(max_off_policy_steps=1)
+    for step in range(1, 1001):
+        held.mark_batched([f"r{step}a", f"r{step}b"], step)
+    assert held.published_step == 1000 and held.remembered() == 4  # steps 999 and 1000
+    assert not held.hold("r999a", delivery("r999a", 0, Holds()))
+    assert held.hold("r998a", delivery("r998a", 1, Holds()))  # forgotten: the gate drops it
+    redelivered = ReadyGroup([sample("r998a", 997)], [0.0], ["r998a"])
+    assert StalenessGate(1).fresh([redelivered], version=1000).dropped == 1
+
+    resumed = HeldRollouts(max_off_policy_steps=1)
+    resumed.resume(
+        [TrainBatch(batch_id=f"b{s}", step=s, samples=[sample(f"r{s}", s - 1)]) for s in (7, 9, 8)]
+    )
+    assert resumed.published_step == 9 and resumed.remembered() == 2  # steps 8 and 9
+    assert not resumed.hold("r8", delivery("r8", 0, Holds()))
 
 
 def held_out_group(group_id: str, version: int, *rewards: float, split: str = "test") -> Group:

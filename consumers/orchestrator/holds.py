@@ -1,10 +1,17 @@
 """Which deliveries the orchestrator keeps uncommitted: every piece of a rollout (trace nodes,
 token records, the rollout, its score) until the rollout is batched, evaluated or dropped, so a
 restarted orchestrator reads it again instead of losing it; and which rollouts are batched
-already (by this process or, read back, its predecessors), never to be held or batched again."""
+already (by this process or, read back, its predecessors), never to be held or batched again.
+
+Batched ids are remembered only while a redelivery of them could still be trained: a rollout
+batched at step s has samples of version s-1 at the newest, and once batch s+M is out
+(M = max_off_policy_steps) the next batch takes none older than version s, so the staleness
+gate drops such a redelivery anyway. The ids of the last M+1 steps are kept (one step more than
+the gate needs), so memory stays flat over a run of any length."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 
 from rlbus.bus import Delivery
@@ -12,24 +19,40 @@ from rlbus.schemas import TrainBatch
 
 
 class HeldRollouts:
-    def __init__(self) -> None:
+    def __init__(self, max_off_policy_steps: int) -> None:
         self.held: dict[str, list[Delivery]] = {}
         """Deliveries of rollouts not yet batched, evaluated or dropped, by rollout id."""
-        self.batched: set[str] = set()
-        """Rollouts in batches published so far: never batched again."""
+        self.keep_steps = max_off_policy_steps + 1
+        self._batched: dict[str, int] = {}
+        """Rollouts in the last `keep_steps` batches published, with their step."""
+        self._steps: deque[tuple[int, Sequence[str]]] = deque()
+        """(step, rollout ids) of those batches, oldest first."""
         self.published_step = 0
-        """The newest step of those batches."""
+        """The newest step of the batches published so far."""
+
+    def remembered(self) -> int:
+        """Batched rollout ids held in memory."""
+        return len(self._batched)
 
     def resume(self, batches: Iterable[TrainBatch]) -> None:
         """Learn the batches earlier orchestrators of the run published."""
-        for batch in batches:
-            self.batched.update(s.rollout_id for s in batch.samples)
-            self.published_step = max(self.published_step, batch.step)
+        for batch in sorted(batches, key=lambda b: b.step):
+            self._remember([s.rollout_id for s in batch.samples], batch.step)
+
+    def _remember(self, rollout_ids: Sequence[str], step: int) -> None:
+        self._batched.update(dict.fromkeys(rollout_ids, step))
+        self._steps.append((step, rollout_ids))
+        self.published_step = max(self.published_step, step)
+        while self._steps and self._steps[0][0] <= self.published_step - self.keep_steps:
+            old_step, old_ids = self._steps.popleft()
+            for rollout_id in old_ids:
+                if self._batched.get(rollout_id) == old_step:
+                    del self._batched[rollout_id]
 
     def hold(self, rollout_id: str, delivery: Delivery) -> bool:
         """Keep a piece of `rollout_id` uncommitted; False (not held) when that rollout is in a
-        published batch already: a redelivery after a restart, to be committed past."""
-        if rollout_id in self.batched:
+        recent published batch already: a redelivery after a restart, to be committed past."""
+        if rollout_id in self._batched:
             return False
         delivery.hold()
         self.held.setdefault(rollout_id, []).append(delivery)
@@ -45,8 +68,9 @@ class HeldRollouts:
             for delivery in self.held.pop(rollout_id, ()):
                 delivery.release()
 
-    def mark_batched(self, rollout_ids: Sequence[str]) -> None:
-        """These rollouts are in a batch the broker acknowledged: the batch is the record now,
-        their pieces may be committed, and a redelivery of them is never held again."""
-        self.batched.update(rollout_ids)
+    def mark_batched(self, rollout_ids: Sequence[str], step: int) -> None:
+        """These rollouts are in the batch of `step`, which the broker acknowledged: the batch is
+        the record now, their pieces may be committed, and a redelivery of them is not held
+        again."""
+        self._remember(rollout_ids, step)
         self.release(rollout_ids)

@@ -103,7 +103,7 @@ class Orchestrator:
         self.algorithms = algorithms
         self.joiner = joiner
         self.pacing = pacing or pacing_for(cfg, max_steps)
-        self.holds = HeldRollouts()
+        self.holds = HeldRollouts(cfg.max_off_policy_steps)
         self.held_out = HeldOut(cfg, max_steps, tasks)
         self.gate = StalenessGate(cfg.max_off_policy_steps)
         self.step: int | None = None
@@ -318,7 +318,7 @@ class Orchestrator:
         ):
             await self.bus.publish(batch)
         # Acknowledged by the broker: the batch is the record now, its inputs may be committed.
-        self.holds.mark_batched(taken_ids)
+        self.holds.mark_batched(taken_ids, self.step)
         log.info(
             "batch %d: %d samples from %d groups (staleness %s; dropped so far: %s)",
             self.step,
