@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import difflib
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from rlbus.bus.store.ddl import id_columns
 from rlbus.bus.store.migrate import Migration, load_migrations, migrate
 from rlbus.bus.store.sqltext import read_only_problem, split_statements
 from rlbus.config.settings import DEFAULT_DEDUP_WINDOW
+from rlbus.consumers.sink.sink import RECENT_IDS
 from rlbus.schemas import EVENT_TYPES, DeadLetter, RolloutScored, TokenRecord
 from rlbus.schemas.packed import pack_tokens
 
@@ -76,6 +78,27 @@ def test_tables_are_keyed_indexed_and_deduplicated_as_declared(store: Store) -> 
         )
         assert bloom[kind.table] == sorted(id_columns(kind)), kind.table
         assert "event_id" in id_columns(kind) or kind.order_by[0] == "event_id"
+
+
+def test_the_conflict_check_reads_only_parts_stored_since_its_last_look(store: Store) -> None:
+    """The sink's conflict check runs every few seconds over every table; its filter on
+    ingested_at must skip what was stored before, or its cost grows with the store."""
+    for day in ("2026-01-01", "2026-06-01"):  # two inserts: two parts
+        store.query(
+            "INSERT INTO scored (event_id, rollout_id, ingested_at) SELECT toString(number), "
+            f"toString(number), toDateTime64('{day} 00:00:00', 6, 'UTC') FROM numbers(20000)"
+        )
+    since = datetime.datetime(2026, 3, 1, tzinfo=datetime.UTC)
+    plan = [
+        row[0].strip()
+        for row in store.query(
+            "EXPLAIN indexes = 1 " + RECENT_IDS.format(table="scored"), {"since": since}
+        ).rows
+    ]
+    skip = plan[plan.index("Name: idx_ingested_at") :]
+    assert next(line for line in skip if line.startswith("Parts:")) == "Parts: 1/2", plan
+    recent = store.query(RECENT_IDS.format(table="scored"), {"since": since}).rows
+    assert len(recent) == 20000
 
 
 def test_the_dedup_window_follows_the_config(tmp_path: Path) -> None:
