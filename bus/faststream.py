@@ -239,12 +239,14 @@ listens on a free loopback port chosen when it starts)."""
 
 
 def _payload(topic: Topic) -> type[BaseModel]:
-    """A pydantic stand-in whose JSON Schema is msgspec's for the topic's events: FastStream
+    """A pydantic stand-in whose JSON Schema is msgspec's for the topic's messages: FastStream
     builds payload schemas through pydantic, which cannot describe msgspec Structs (FastStream
     issue #2101), so the events stay defined once, as Structs."""
     kinds = topic.kinds
-    single = len(kinds) == 1
-    shape = kinds[0] if single else Union[kinds]  # noqa: UP007
+    # A batched topic's message is one event or an array of them (one rollout's, one publish).
+    single = len(kinds) == 1 and not topic.batched
+    event = kinds[0] if len(kinds) == 1 else Union[kinds]  # noqa: UP007
+    shape = Union[event, list[event]] if topic.batched else event  # noqa: UP007
     (top,), defs = msgspec.json.schema_components([shape], ref_template="#/$defs/{name}")
     name = kinds[0].__name__ if single else "".join(w.title() for w in topic.name.split("-"))
     schema = {**(defs.pop(name) if single else top), "title": name, "$defs": defs}

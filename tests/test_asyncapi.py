@@ -58,3 +58,21 @@ def test_every_event_validates_against_its_schema(document: dict) -> None:
     del broken["task_id"]
     with pytest.raises(jsonschema.ValidationError, match="task_id"):
         validator(document, "TaskPublished").validate(broken)
+
+
+def test_a_batched_topics_message_is_one_event_or_an_array_of_them(document: dict) -> None:
+    """What a rollout produces on trace-nodes and tokens travels as one message (a msgpack array
+    of its events); the schema of the topic's messages says so, and still refuses a bad event."""
+    for topic in (t for t in TOPICS if t.batched):
+        (kind,) = topic.kinds
+        name = "".join(w.title() for w in topic.name.split("-"))
+        events = [msgspec.json.decode(msgspec.json.encode(make_event(kind, i))) for i in range(3)]
+        messages = validator(document, name)
+        messages.validate(events[0])
+        messages.validate(events)
+        broken = dict(events[1])
+        del broken["rollout_id"]
+        with pytest.raises(jsonschema.ValidationError):
+            messages.validate([events[0], broken])
+        payload = document["components"]["messages"][f"{topic.name}:SubscribeMessage"]["payload"]
+        assert payload["$ref"].endswith(f"/{name}"), payload
