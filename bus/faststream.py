@@ -243,10 +243,10 @@ def _payload(topic: Topic) -> type[BaseModel]:
     builds payload schemas through pydantic, which cannot describe msgspec Structs (FastStream
     issue #2101), so the events stay defined once, as Structs."""
     kinds = topic.kinds
-    # A batched topic's message is one event or an array of them (one rollout's, one publish).
-    single = len(kinds) == 1 and not topic.batched
     event = kinds[0] if len(kinds) == 1 else Union[kinds]  # noqa: UP007
+    # A batched topic's message is one event or an array of them (one rollout's, one publish).
     shape = Union[event, list[event]] if topic.batched else event  # noqa: UP007
+    single = shape is kinds[0]
     (top,), defs = msgspec.json.schema_components([shape], ref_template="#/$defs/{name}")
     name = kinds[0].__name__ if single else "".join(w.title() for w in topic.name.split("-"))
     schema = {**(defs.pop(name) if single else top), "title": name, "$defs": defs}

@@ -27,8 +27,11 @@ class HeldRollouts:
         """Rollouts in the last `keep_steps` batches published, with their step."""
         self._steps: deque[tuple[int, Sequence[str]]] = deque()
         """(step, rollout ids) of those batches, oldest first."""
-        self.published_step = 0
-        """The newest step of the batches published so far."""
+
+    @property
+    def published_step(self) -> int:
+        """The newest step of the batches published so far (0: none)."""
+        return self._steps[-1][0] if self._steps else 0
 
     def remembered(self) -> int:
         """Batched rollout ids held in memory."""
@@ -41,9 +44,8 @@ class HeldRollouts:
 
     def _remember(self, rollout_ids: Sequence[str], step: int) -> None:
         self._batched.update(dict.fromkeys(rollout_ids, step))
-        self._steps.append((step, rollout_ids))
-        self.published_step = max(self.published_step, step)
-        while self._steps and self._steps[0][0] <= self.published_step - self.keep_steps:
+        self._steps.append((step, rollout_ids))  # steps come in order: resume sorts them
+        while self._steps[0][0] <= step - self.keep_steps:
             old_step, old_ids = self._steps.popleft()
             for rollout_id in old_ids:
                 if self._batched.get(rollout_id) == old_step:
