@@ -166,3 +166,37 @@ async def test_restarted_orchestrator_learns_where_the_run_stands(
                 f"ready"
             )
     assert second.start_version >= 2 and second.trained == 4 and second.served == 4
+
+
+@pytest.mark.slow
+async def test_an_orchestrator_started_after_the_last_batch_finishes_the_run(
+    settings: Settings, tiny: Path, tmp_path: Path
+) -> None:
+    """The standby's edge: every batch is out and the trainer has trained them all and exited
+    before the next orchestrator starts. Its group committed past the trainer's last
+    WeightVersion and nobody announces one again, so it learns the version from the topic's
+    history, finishes at once, and publishes no batch twice."""
+    from rlbus.bus.topic_reader import read_back
+    from rlbus.consumers.orchestrator.build import build_orchestrator
+    from rlbus.consumers.orchestrator.loop import run_orchestrator
+    from rlbus.schemas import TrainBatch
+    from rlbus.testing.in_process import local_roles
+
+    cfg = run_config(settings, tiny, tmp_path, mode="sync", eval_every=0, drop_zero_signal=False)
+    cfg = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"announce_every_s": 1.0})})
+    async with local_roles(cfg, EXAMPLE) as (cfg, bus, store):
+        first = build_orchestrator(bus, cfg, EXAMPLE)
+        await asyncio.wait_for(run_orchestrator(bus, first, asyncio.Event()), 240)
+        assert first.trained == 4
+        second = build_orchestrator(bus, cfg, EXAMPLE)
+        try:
+            await asyncio.wait_for(run_orchestrator(bus, second, asyncio.Event()), 60)
+        except TimeoutError:
+            pytest.fail(
+                f"stuck: step {second.step}, trained {second.trained}, served {second.served}"
+            )
+        batches = [
+            e for e in await read_back(bus, "batches", cfg.run_id) if isinstance(e, TrainBatch)
+        ]
+    assert second.trained == 4 and second.step == 4
+    assert sorted(b.step for b in batches) == [1, 2, 3, 4]

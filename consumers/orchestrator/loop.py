@@ -2,8 +2,9 @@
 
 One consumer (one group join) reads trace-nodes, tokens, rollouts, scored and weights. Steps
 are counted by the trainer's versions: batch s is trained on version s-1, so a sample's
-staleness is known when its batch is packed, and the trainer's first WeightVersion (which it
-publishes on start, resumed or not) tells where the run stands. A version counts as served once
+staleness is known when its batch is packed, and the trainer's newest WeightVersion (published
+on start, resumed or not, and read back from the topic by an orchestrator that starts later)
+tells where the run stands. A version counts as served once
 enough of the run's live inference replicas serve it (inference.served_by; their announcements
 are followed outside the group, bus.announcements, since their repeats tell who is alive).
 
@@ -136,9 +137,13 @@ class Orchestrator:
     def evaluations(self) -> dict[int, HeldOutEval]:
         return self.held_out.evaluations
 
-    def resume(self, batches: list[TrainBatch]) -> None:
-        """Learn what earlier orchestrators of the run published (bus.replay.read_back)."""
+    def resume(self, batches: list[TrainBatch], versions: list[WeightVersion]) -> None:
+        """Learn what earlier orchestrators of the run published and the versions the trainer
+        announced (bus.topic_reader.read_back). The group may have committed past the trainer's
+        last announcement, and a trainer that finished the run announces nothing again."""
         self.holds.resume(batches)
+        if versions:
+            self._on_version(max(v.version for v in versions))
         if batches:
             log.info(
                 "%d batches of run %s were published before, up to step %d",
@@ -369,8 +374,13 @@ async def run_orchestrator(
         ),
     ]
     try:
-        published = await read_back(bus, "batches", run_id)
-        orchestrator.resume([e for e in published if isinstance(e, TrainBatch)])
+        published, announced = await asyncio.gather(
+            read_back(bus, "batches", run_id), read_back(bus, "weights", run_id)
+        )
+        orchestrator.resume(
+            [e for e in published if isinstance(e, TrainBatch)],
+            [e for e in announced if isinstance(e, WeightVersion)],
+        )
         group = group_of(GROUP, run_id)
         consume = bus.subscriber(*TOPICS, group=group, batch=True, run=run_id)
         consume = consume(orchestrator.handle)
