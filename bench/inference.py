@@ -36,6 +36,7 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+from transformers import PreTrainedModel
 
 from rlbus.clients.renderer import TemplateRenderer
 from rlbus.consumers.inference.api import Delta, SamplingParams
@@ -83,9 +84,11 @@ def chat_prompts(engine: Engine, n: int) -> list[list[int]]:
     ]
 
 
-def bare_generate(engine: Engine, prompts: list[list[int]], tokens: int) -> Figure:
-    """One `model.generate` call over the prompts as one left-padded batch."""
-    seconds = timed_generate.bare_generate(engine.model, engine.tokenizer, prompts, tokens)
+def bare_generate(
+    baseline: PreTrainedModel, engine: Engine, prompts: list[list[int]], tokens: int
+) -> Figure:
+    """One `model.generate` call of the stock model over the prompts as one left-padded batch."""
+    seconds = timed_generate.bare_generate(baseline, engine.tokenizer, prompts, tokens)
     return Figure(seconds, tokens * len(prompts))
 
 
@@ -109,13 +112,13 @@ async def engine_first_token(engine: Engine, prompt: list[int], tokens: int) -> 
 
 
 async def first_tokens(
-    engine: Engine, prompts: list[list[int]], tokens: int
+    engine: Engine, baseline: PreTrainedModel, prompts: list[list[int]], tokens: int
 ) -> tuple[float, float]:
     """Mean time to first token over the single-client prompts: (engine stream, generate of
     one token)."""
     single = prompts[:C1_REQUESTS]
     streamed = [await engine_first_token(engine, p, tokens) for p in single]
-    floor = [bare_generate(engine, [p], 1).seconds for p in single]
+    floor = [bare_generate(baseline, engine, [p], 1).seconds for p in single]
     return sum(streamed) / len(single), sum(floor) / len(single)
 
 
@@ -128,16 +131,16 @@ def per_request(figures: list[Figure]) -> Figure:
 
 
 async def one_trial(
-    engine: Engine, prompts: list[list[int]], c: int, tokens: int
+    engine: Engine, baseline: PreTrainedModel, prompts: list[list[int]], c: int, tokens: int
 ) -> tuple[Figure, Figure]:
     if c == 1:
         single = prompts[:C1_REQUESTS]
         return (
             per_request([await engine_generate(engine, [p], tokens) for p in single]),
-            per_request([bare_generate(engine, [p], tokens) for p in single]),
+            per_request([bare_generate(baseline, engine, [p], tokens) for p in single]),
         )
     return await engine_generate(engine, prompts[:c], tokens), bare_generate(
-        engine, prompts[:c], tokens
+        baseline, engine, prompts[:c], tokens
     )
 
 
@@ -146,7 +149,7 @@ def fastest(figures: list[Figure]) -> Figure:
 
 
 async def measure(
-    engine: Engine, tokens: int, trials: int
+    engine: Engine, baseline: PreTrainedModel, tokens: int, trials: int
 ) -> tuple[dict[int, tuple[Figure, Figure]], tuple[float, float]]:
     """{concurrency: (engine, generate)}, each the fastest of `trials` alternating trials, and
     the fastest (engine, one-token generate) time to first token at concurrency 1."""
@@ -156,12 +159,16 @@ async def measure(
         task = progress.add_task("measuring", total=(len(CONCURRENCY) + 1) * (trials + 1))
         for c in CONCURRENCY:
             progress.update(task, description=f"concurrency {c}")
-            runs = [await one_trial(engine, prompts, c, tokens) for _ in range(trials + 1)]
+            runs = [
+                await one_trial(engine, baseline, prompts, c, tokens) for _ in range(trials + 1)
+            ]
             progress.advance(task, trials + 1)
             kept = runs[1:]  # the first trial warms both sides up
             best[c] = (fastest([e for e, _ in kept]), fastest([g for _, g in kept]))
         progress.update(task, description="time to first token")
-        firsts = [await first_tokens(engine, prompts, tokens) for _ in range(trials + 1)][1:]
+        firsts = [await first_tokens(engine, baseline, prompts, tokens) for _ in range(trials + 1)][
+            1:
+        ]
         progress.advance(task, trials + 1)
     return best, (min(f for f, _ in firsts), min(g for _, g in firsts))
 
@@ -176,7 +183,8 @@ async def main(tokens: int, trials: int, threads: int) -> None:
                 f"({torch.get_num_threads()} threads); "
                 f"{tokens} tokens per request, best of {trials} alternating trials"
             )
-            best, (ttft, one_token) = await measure(engine, tokens, trials)
+            baseline = timed_generate.stock_model(tmp)
+            best, (ttft, one_token) = await measure(engine, baseline, tokens, trials)
             mean_batch = engine.stats().mean_batch_size
     table = Table(title="engine vs bare model.generate (same prompts, same run)")
     for column in (

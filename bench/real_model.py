@@ -15,13 +15,15 @@ Three parts, each in a subprocess of its own so that its peak RSS (ru_maxrss) is
    weights are published as the trainer publishes them: `published_weights` (full weights, or
    under `--lora` the adapters alone) + `CheckpointStore.write_weights` (the file a
    WeightVersion points at).
-2. inference: `Engine.generate` (consumers/inference/engine.py, what the server runs) on the
-   same `--batch` chat prompts, all submitted at once, against one left-padded
-   `model.generate` call: temperature 1, no top-k/top-p, EOS ignored, `--max-tokens` each;
-   alternating trials after a warm-up of each. Then `Engine.load_weights` of the trainer's file
-   and one request on the new version, twice (versions 1 and 2 of the same file): write + load
-   + first token of the second is the weight update of every version after a worker's first,
-   and `weight_update_share` = that / the trainer's step time; the first is printed too.
+2. inference: `Engine.load_weights` of the trainer's file and one request on the new version,
+   twice (versions 1 and 2 of the same file): write + load + first token of the second is the
+   weight update of every version after a worker's first, and `weight_update_share` = that /
+   the trainer's step time; the first is printed too. Then `Engine.generate`
+   (consumers/inference/engine.py, what the server runs) on the same `--batch` chat prompts,
+   all submitted at once, against one left-padded `model.generate` call of the model as
+   transformers loads it (a copy of its own: the engine repacks its linear layers):
+   temperature 1, no top-k/top-p, EOS ignored, `--max-tokens` each; alternating trials after a
+   warm-up of each.
 
 Last line: RESULT engine_vs_generate=<engine tok/s / generate tok/s>
                   trainer_vs_bare=<trainer tok/s / bare step tok/s>
@@ -45,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from timed_generate import bare_generate, engine_generate, synchronize
+from timed_generate import bare_generate, engine_generate, stock_model, synchronize
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "bench" / "out" / "models" / "smollm2"
@@ -227,19 +229,7 @@ async def inference_async(args: argparse.Namespace) -> dict[str, Any]:
     async with Engine.from_pretrained(args.model, device=args.device, dtype=dtype) as engine:
         prompts = chat_prompts(engine.tokenizer, args.batch)
         await engine_generate(engine, prompts, args.max_tokens)
-        bare_generate(engine.model, engine.tokenizer, prompts, args.max_tokens)
-        engine_s, generate_s = [], []
-        for _ in range(args.trials):
-            engine_s.append(await engine_generate(engine, prompts, args.max_tokens))
-            generate_s.append(
-                bare_generate(engine.model, engine.tokenizer, prompts, args.max_tokens)
-            )
-        out: dict[str, Any] = {
-            "tokens": args.batch * args.max_tokens,
-            "engine_s": min(engine_s),
-            "generate_s": min(generate_s),
-            "mean_batch": engine.stats().mean_batch_size,
-        }
+        out: dict[str, Any] = {"tokens": args.batch * args.max_tokens}
         if args.weights:
             # The first load of a worker also pays once for its weights' pages (mapped from
             # the model file) and, under LoRA, for its copy of the base; each later version, as
@@ -250,7 +240,19 @@ async def inference_async(args: argparse.Namespace) -> dict[str, Any]:
                 await first_token_on(engine, prompts[0], version)
                 out["load_first_token_s"] = time.perf_counter() - started
                 out.setdefault("first_load_first_token_s", out["load_first_token_s"])
-    return out | peak_memory(args.device)
+        out |= peak_memory(args.device)  # the engine's, before the baseline's copy is loaded
+        baseline = stock_model(args.model, args.device, dtype)
+        bare_generate(baseline, engine.tokenizer, prompts, args.max_tokens)
+        engine_s, generate_s = [], []
+        for _ in range(args.trials):
+            engine_s.append(await engine_generate(engine, prompts, args.max_tokens))
+            generate_s.append(bare_generate(baseline, engine.tokenizer, prompts, args.max_tokens))
+        out |= {
+            "engine_s": min(engine_s),
+            "generate_s": min(generate_s),
+            "mean_batch": engine.stats().mean_batch_size,
+        }
+    return out
 
 
 # ---- driver ----------------------------------------------------------------------------------

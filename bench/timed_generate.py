@@ -17,6 +17,15 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def stock_model(path: Any, device: str = "cpu", dtype: Any = None) -> Any:
+    """The model as transformers runs it, for the baseline: the engine repacks the linear layers
+    of its own copy (consumers/inference/packed_linear.py)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model.to(device).eval()
+
+
 def bare_generate(model: Any, tokenizer: Any, prompts: list[list[int]], tokens: int) -> float:
     """Seconds for one `model.generate` over the prompts as one left-padded batch."""
     import torch

@@ -53,6 +53,7 @@ from rlbus.consumers.inference.api import (
 from rlbus.consumers.inference.batch import PaddedBatch
 from rlbus.consumers.inference.checkpoint_reader import match_parameters, read_checkpoint
 from rlbus.consumers.inference.detok import TextStream
+from rlbus.consumers.inference.packed_linear import pack_linears
 from rlbus.consumers.inference.sampling import RowSettings, sample
 
 log = logging.getLogger(__name__)
@@ -179,6 +180,7 @@ class Engine:
     ) -> None:
         PaddedBatch.check_supported(model)
         self.model = model.eval()
+        pack_linears(model)
         self.tokenizer = tokenizer
         text_config = model.config.get_text_config()
         self._max_context = int(text_config.max_position_embeddings)
