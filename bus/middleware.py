@@ -4,7 +4,6 @@ event ids, dead-lettering what cannot be decoded or handled, and a trace span pe
 from __future__ import annotations
 
 import traceback
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -20,19 +19,22 @@ if TYPE_CHECKING:
 
 
 class SeenIds:
-    """Event ids already handled by this consumer, bounded (oldest forgotten first)."""
+    """Event ids already handled by this consumer, bounded: the newest `capacity` at most and
+    `capacity // 2` at least. Two generations of plain sets, the older dropped whole when the
+    newer fills, keep a full one at about a third of an ordered dict's memory."""
 
     def __init__(self, capacity: int = 200_000):
-        self._ids: OrderedDict[str, None] = OrderedDict()
-        self._capacity = capacity
+        self._generation = max(1, capacity // 2)
+        self._new: set[str] = set()
+        self._old: set[str] = set()
 
     def add(self, event_id: str) -> bool:
         """True when the id is new."""
-        if event_id in self._ids:
+        if event_id in self._new or event_id in self._old:
             return False
-        self._ids[event_id] = None
-        if len(self._ids) > self._capacity:
-            self._ids.popitem(last=False)
+        self._new.add(event_id)
+        if len(self._new) >= self._generation:
+            self._old, self._new = self._new, set()
         return True
 
 
