@@ -96,7 +96,8 @@ async def test_tied_model_trains_and_inference_serves_its_weights_stored_once(
     ids = torch.tensor([[3, 50, 60, 70, 80]])
     with torch.no_grad():
         expected = model(input_ids=ids).logits
-    # Close, not equal: the engine's packed linear layers sum in another order (packed_linear.py).
+    # Close, not equal: where the engine packs linear layers (packed_linear.py), it sums in
+    # another order.
     torch.testing.assert_close(await logits_after_load(tied, uri, ids), expected)
     # Resume reads the state back and ties it the same way.
     resumed = open_session(cfg, str(tied), str(tmp_path / "ckpt"), 10, resume=True)

@@ -1,16 +1,16 @@
 """The engine's linear layers on CPU: oneDNN matmuls over weights packed once per version.
 
-A plain `nn.Linear` on CPU goes to the BLAS `torch` was built with (MKL), which re-lays out the
-weight on every call and, at a decode step's few rows, leaves most of the time there; oneDNN's
-linear over a weight reordered ahead of time (the kernels `torch.compile` uses on CPU) does the
-same fp32 (or bf16) arithmetic 1.4-2.5x faster at 1-64 rows (bench/real_model.py, docs/
-benchmarks.md). The original weight stays the module's parameter: names, tied embeddings,
-weight swaps and LoRA merges see the model unchanged, and a parameter changed in place (its
-version counter moves) is packed again before the next forward. The price is a second copy of
-every linear weight in memory.
+A plain `nn.Linear` on CPU goes to the BLAS `torch` was built with (MKL), which at a decode
+step's few rows leaves most of the step's time in its matmuls; oneDNN's linear over a weight
+reordered ahead of time (the kernels `torch.compile` uses on CPU) does the same fp32 (or bf16)
+arithmetic 1.4-2.5x faster at 1-64 rows on the larger layers (bench/real_model.py, docs/
+benchmarks.md). Its call costs ~15-20 us more, so small layers (a tiny test model's, a 135M
+model's key and value projections) stay plain.
 
-Only the engine's forward passes without autograd use the packed weight; with gradients on, the
-layer is the plain one.
+The original weight stays the module's parameter: names, tied embeddings, weight swaps and
+LoRA merges see the model unchanged, and a parameter changed in place (its version counter
+moves) is packed again before the next forward. The price is a second copy of each packed
+weight in memory. Only forward passes without autograd use the packed weight.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 DECODE_ROWS = 32
 """The row count the packed layout is chosen for (oneDNN's hint); other counts run on it too."""
+MIN_WEIGHTS = 1 << 18
+"""Layers with fewer weights are left plain: measured here (1 thread, 1-64 rows), packing pays
+from about 256 x 1024 on, and costs at 576 x 192 and below."""
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
@@ -82,8 +85,8 @@ def _supported(model: nn.Module) -> str | None:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace the model's nn.Linear layers by PackedLinear in place; the number replaced (0 where
-    packing is not supported: the reason is logged)."""
+    """Replace the model's nn.Linear layers of MIN_WEIGHTS weights or more by PackedLinear in
+    place; the number replaced (0 where packing is not supported: the reason is logged)."""
     reason = _supported(model)
     if reason is not None:
         log.info("linear layers left unpacked: %s", reason)
@@ -92,7 +95,7 @@ def pack_linears(model: nn.Module) -> int:
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if type(child) is nn.Linear
+        if type(child) is nn.Linear and child.weight.numel() >= MIN_WEIGHTS
     ]
     for parent, name, child in targets:
         setattr(parent, name, PackedLinear(child))
