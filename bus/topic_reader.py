@@ -42,32 +42,43 @@ async def from_start(
         await consumer.stop()
 
 
-async def read_records(bus: Bus, topic: str, poll_ms: int = 500) -> list[ConsumerRecord]:
-    """Every record on `topic` (unprefixed), oldest first per partition, up to its end when
-    called: every partition read past the end offset it reported then. What is appended
+async def polled_records(
+    bus: Bus, topic: str, poll_ms: int = 500
+) -> AsyncIterator[list[ConsumerRecord]]:
+    """Every record on `topic` (unprefixed), as polled, oldest first per partition, up to its end
+    when called: every partition read past the end offset it reported then. What is appended
     meanwhile is not waited for (a busy topic would never end). The embedded broker may report
     a partition's end as its last batch's first offset + 1: a fetch brings that batch whole."""
     async with from_start(bus, topic) as (consumer, tps):
         ends = await consumer.end_offsets(tps)
-        records: list[ConsumerRecord] = []
         behind = {tp for tp in tps if ends[tp] > 0}
         while behind:
             polled = await consumer.getmany(*behind, timeout_ms=poll_ms)
             for batch in polled.values():
-                records.extend(batch)  # past the reported end too: newer is never wrong here
+                yield batch  # past the reported end too: newer is never wrong here
             behind = {tp for tp in behind if await consumer.position(tp) < ends[tp]}
-        return records
+
+
+async def read_records(bus: Bus, topic: str, poll_ms: int = 500) -> list[ConsumerRecord]:
+    """Every record on `topic` (unprefixed), as polled_records reads them."""
+    return [record async for batch in polled_records(bus, topic, poll_ms) for record in batch]
+
+
+async def events_back(bus: Bus, topic: str, run_id: str) -> AsyncIterator[Event]:
+    """Every event of `run_id` on `topic` (unprefixed), oldest first per partition, up to its
+    end when called, each decoded as it is read (a long run's history is never held whole).
+    Messages that do not decode are left to the consumers that dead-letter them."""
+    async for batch in polled_records(bus, topic):
+        for record in batch:
+            try:
+                decoded = from_record(topic, record, bus.claims)
+            except Exception:  # not ours to judge here
+                continue
+            for event in decoded:
+                if event.run_id == run_id:
+                    yield event
 
 
 async def read_back(bus: Bus, topic: str, run_id: str) -> list[Event]:
-    """Every event of `run_id` on `topic` (unprefixed), oldest first per partition, up to its
-    end when called. Messages that do not decode are left to the consumers that dead-letter
-    them."""
-    events: list[Event] = []
-    for record in await read_records(bus, topic):
-        try:
-            decoded = from_record(topic, record, bus.claims)
-        except Exception:  # not ours to judge here
-            continue
-        events += [event for event in decoded if event.run_id == run_id]
-    return events
+    """Every event of `run_id` on `topic` (unprefixed), as events_back reads them."""
+    return [event async for event in events_back(bus, topic, run_id)]

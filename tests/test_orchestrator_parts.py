@@ -3,6 +3,8 @@ the staleness gate, the held deliveries of rollouts not yet batched and the held
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from rlbus.bus import Delivery
 from rlbus.bus.commits import Holds
 from rlbus.config.orchestrator import OrchestratorConfig
@@ -111,19 +113,28 @@ def test_pieces_stay_uncommitted_until_their_rollout_is_batched_or_released() ->
     assert not held.held and commits.oldest("scored", 0) is None
 
 
-def test_a_resumed_orchestrator_never_holds_what_its_predecessors_batched() -> None:
+async def read_back(*batches: TrainBatch) -> AsyncIterator[TrainBatch]:
+    for batch in batches:
+        yield batch
+
+
+def batches(*steps: int) -> list[TrainBatch]:
+    return [TrainBatch(batch_id=f"b{s}", step=s, samples=[sample(f"r{s}", s - 1)]) for s in steps]
+
+
+async def test_a_resumed_orchestrator_never_holds_what_its_predecessors_batched() -> None:
     held = HeldRollouts(max_off_policy_steps=2)
-    held.resume(
-        [
+    await held.resume(
+        read_back(
             TrainBatch(batch_id="b3", step=3, samples=[sample("r1", 2)]),
             TrainBatch(batch_id="b2", step=2, samples=[sample("r2", 1)]),
-        ]
+        )
     )
     assert held.published_step == 3 and held.remembered() == 2
     assert not held.hold("r2", delivery("r2", 0, Holds()))
 
 
-def test_batched_rollouts_are_remembered_only_while_a_redelivery_could_be_trained() -> None:
+async def test_batched_rollouts_are_remembered_only_while_a_redelivery_could_be_trained() -> None:
     """A redelivered piece of a rollout batched at step s has samples of version s-1 at the
     newest; once batch s+M is out (M = max_off_policy_steps) the next batch takes nothing older
     than version s, so the gate drops it as stale anyway. Ids of older batches are
@@ -139,11 +150,33 @@ def test_batched_rollouts_are_remembered_only_while_a_redelivery_could_be_traine
     assert StalenessGate(1).fresh([redelivered], version=1000).dropped == 1
 
     resumed = HeldRollouts(max_off_policy_steps=1)
-    resumed.resume(
-        [TrainBatch(batch_id=f"b{s}", step=s, samples=[sample(f"r{s}", s - 1)]) for s in (7, 9, 8)]
-    )
+    await resumed.resume(read_back(*batches(7, 9, 8)))
     assert resumed.published_step == 9 and resumed.remembered() == 2  # steps 8 and 9
     assert not resumed.hold("r8", delivery("r8", 0, Holds()))
+
+
+async def test_batches_read_back_are_learned_one_at_a_time_in_any_order() -> None:
+    """A takeover late in a long run reads every batch of the run back (samples and tokens
+    included): each is learned as it is read and then let go, never all held at once; one that
+    arrives late and out of the window is passed over."""
+    held = HeldRollouts(max_off_policy_steps=1)
+    learned_before: list[int] = []
+
+    async def long_run() -> AsyncIterator[TrainBatch]:
+        for batch in batches(*range(1, 2001), 1995, 2001, 2002):
+            learned_before.append(held.published_step)
+            yield batch
+
+    await held.resume(long_run())
+    assert learned_before[:4] == [0, 1, 2, 3]  # the previous batch was learned before the next read
+    assert held.published_step == 2002 and held.remembered() == 2  # steps 2001 and 2002
+    assert held.hold("r1995", delivery("r1995", 0, Holds()))  # too old to remember
+    assert not held.hold("r2001", delivery("r2001", 1, Holds()))
+
+    shuffled = HeldRollouts(max_off_policy_steps=2)
+    await shuffled.resume(read_back(*batches(5, 9, 7, 8, 6)))
+    assert shuffled.published_step == 9 and shuffled.remembered() == 3  # steps 7, 8 and 9
+    assert shuffled.hold("r6", delivery("r6", 0, Holds()))
 
 
 def held_out_group(group_id: str, version: int, *rewards: float, split: str = "test") -> Group:

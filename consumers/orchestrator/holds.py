@@ -11,11 +11,15 @@ the gate needs), so memory stays flat over a run of any length."""
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterable, Iterable, Sequence
+from operator import itemgetter
 
 from rlbus.bus import Delivery
 from rlbus.schemas import TrainBatch
+
+_STEP = itemgetter(0)
 
 
 class HeldRollouts:
@@ -37,15 +41,18 @@ class HeldRollouts:
         """Batched rollout ids held in memory."""
         return len(self._batched)
 
-    def resume(self, batches: Iterable[TrainBatch]) -> None:
-        """Learn the batches earlier orchestrators of the run published."""
-        for batch in sorted(batches, key=lambda b: b.step):
+    async def resume(self, batches: AsyncIterable[TrainBatch]) -> None:
+        """Learn the batches earlier orchestrators of the run published, in any order, each as
+        it is read (bus.topic_reader.events_back): a long run's are never held all at once."""
+        async for batch in batches:
             self._remember([s.rollout_id for s in batch.samples], batch.step)
 
     def _remember(self, rollout_ids: Sequence[str], step: int) -> None:
+        if self._steps and step <= self._steps[-1][0] - self.keep_steps:
+            return  # older than the window: the staleness gate drops a redelivery of it anyway
         self._batched.update(dict.fromkeys(rollout_ids, step))
-        self._steps.append((step, rollout_ids))  # steps come in order: resume sorts them
-        while self._steps[0][0] <= step - self.keep_steps:
+        bisect.insort(self._steps, (step, rollout_ids), key=_STEP)  # a few steps long
+        while self._steps[0][0] <= self._steps[-1][0] - self.keep_steps:
             old_step, old_ids = self._steps.popleft()
             for rollout_id in old_ids:
                 if self._batched.get(rollout_id) == old_step:

@@ -32,7 +32,7 @@ from opentelemetry.trace import SpanKind
 from rlbus.bus import Bus, Delivery, telemetry
 from rlbus.bus.announcements import follow_announcements
 from rlbus.bus.leadership import Leadership
-from rlbus.bus.topic_reader import read_back
+from rlbus.bus.topic_reader import events_back
 from rlbus.clients.replicas import Roster
 from rlbus.config.orchestrator import OrchestratorConfig
 from rlbus.consumers.orchestrator.algorithms import Algorithm
@@ -137,17 +137,26 @@ class Orchestrator:
     def evaluations(self) -> dict[int, HeldOutEval]:
         return self.held_out.evaluations
 
-    def resume(self, batches: list[TrainBatch], versions: list[WeightVersion]) -> None:
-        """Learn what earlier orchestrators of the run published and the versions the trainer
-        announced (bus.topic_reader.read_back). The group may have committed past the trainer's
-        last announcement, and a trainer that finished the run announces nothing again."""
-        self.holds.resume(batches)
+    async def resume(self) -> None:
+        """Learn where the run stands from the bus: the batches earlier orchestrators of the run
+        published, and the newest version the trainer announced (the group may have committed
+        past it, and a trainer that finished the run announces nothing again)."""
+        batches = (
+            e
+            async for e in events_back(self.bus, "batches", self.run_id)
+            if isinstance(e, TrainBatch)
+        )
+        versions = [
+            e.version
+            async for e in events_back(self.bus, "weights", self.run_id)
+            if isinstance(e, WeightVersion)
+        ]
+        await self.holds.resume(batches)
         if versions:
-            self._on_version(max(v.version for v in versions))
-        if batches:
+            self._on_version(max(versions))
+        if self.holds.published_step:
             log.info(
-                "%d batches of run %s were published before, up to step %d",
-                len(batches),
+                "batches of run %s were published before, up to step %d",
                 self.run_id,
                 self.holds.published_step,
             )
@@ -374,13 +383,7 @@ async def run_orchestrator(
         ),
     ]
     try:
-        published, announced = await asyncio.gather(
-            read_back(bus, "batches", run_id), read_back(bus, "weights", run_id)
-        )
-        orchestrator.resume(
-            [e for e in published if isinstance(e, TrainBatch)],
-            [e for e in announced if isinstance(e, WeightVersion)],
-        )
+        await orchestrator.resume()
         group = group_of(GROUP, run_id)
         consume = bus.subscriber(*TOPICS, group=group, batch=True, run=run_id)
         consume = consume(orchestrator.handle)
