@@ -54,6 +54,10 @@ def batch(run_id: str, step: int) -> TrainBatch:
                 loss_mask=pack_mask(m),
                 advantages=pack_logprobs(m > 0),
                 inference_logprobs=pack_logprobs(np.zeros(40)),
+                # Sampled by the version batch `step` is trained on: never dropped as stale, so
+                # every step trains (all-stale steps took no time, and the trainer could
+                # finish before the test saw the version to kill it at).
+                policy_version=step - 1,
             )
         )
     batch_id = derived_id(run_id, "batch", step)
