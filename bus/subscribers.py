@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import InvalidSessionTimeoutError
+from aiokafka.errors import InvalidSessionTimeoutError, KafkaError
 
 from rlbus.bus import progress
 from rlbus.bus.commits import COMMIT_TIMEOUT_S, Holds, Offsets, Polled
@@ -33,6 +33,9 @@ from rlbus.bus.middleware import DeadLetters, SeenIds, traced
 from rlbus.bus.progress import Progress
 from rlbus.bus.records import from_record
 from rlbus.schemas import BY_NAME, Event
+
+BROKER_RETRY_S, BROKER_RETRY_MAX_S = 1.0, 30.0
+"""A handler's run again after a broker error: the first pause, and the longest."""
 
 if TYPE_CHECKING:
     from rlbus.bus.bus import Bus
@@ -215,6 +218,27 @@ class Subscriber(Generic[H]):
             )
         self.other_runs[event.run_id] += 1
 
+    async def _until_the_broker_takes_it(
+        self, handler: Callable[[Any], Awaitable[None]], arg: Any
+    ) -> None:
+        """Run the handler; when it fails on a broker error (KafkaError: what it published was
+        refused or timed out), run it again after a growing pause rather than dead-letter the
+        event, which is not at fault. Its outputs have derived ids, so a repeat is deduplicated
+        downstream; a stop meanwhile cancels it with its hold kept (redelivered)."""
+        pause = BROKER_RETRY_S
+        while True:
+            try:
+                return await handler(arg)
+            except KafkaError as exc:
+                log.warning(
+                    "group %s: the handler hit a broker error (%r); running it again in %.0fs",
+                    self.group,
+                    exc,
+                    pause,
+                )
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, BROKER_RETRY_MAX_S)
+
     async def _commit(self, offsets: Offsets) -> None:
         """Publish the dead letters (their messages are among those committed), then commit."""
         letters = self.dead.take()
@@ -299,7 +323,7 @@ class BatchSubscriber(Subscriber[BatchHandler]):
             await self.handler([d for _, d in good])
             return
         try:
-            await self.handler([d for _, d in good])
+            await self._until_the_broker_takes_it(self.handler, [d for _, d in good])
             return
         except Exception:
             log.warning(
@@ -307,7 +331,7 @@ class BatchSubscriber(Subscriber[BatchHandler]):
             )
         for record, delivery in good:
             try:
-                await self.handler([delivery])
+                await self._until_the_broker_takes_it(self.handler, [delivery])
             except Exception as exc:
                 self.dead.add_failure(delivery.topic, record, exc, delivery.index)
 
@@ -367,7 +391,7 @@ class EventSubscriber(Subscriber[EventHandler]):
         async def run(record: ConsumerRecord, d: Delivery) -> None:
             nonlocal finished
             try:
-                await self.handler(d)
+                await self._until_the_broker_takes_it(self.handler, d)
             except Exception as exc:
                 if self.on_error == "stop":
                     raise

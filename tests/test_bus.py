@@ -4,6 +4,7 @@ claim check, commit-after-handle, trace context across the hop."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import msgspec
 import numpy as np
@@ -89,6 +90,43 @@ async def test_handler_failure_dead_letters_only_that_event(settings: Settings) 
         dead = await collect(bus, "ops", ["dlq"], 1)
     assert sorted(set(handled)) == sorted(str(i) for i in range(10) if i != 3)
     assert "RuntimeError: reward server said no" in dead[0].event.error  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("batch", [False, True])
+async def test_a_broker_error_in_a_handler_is_retried_not_dead_lettered(
+    settings: Settings, batch: bool
+) -> None:
+    """Found in CI: Tansu answered NotLeaderForPartition to an env producer's publish for
+    aiokafka's whole request timeout, and the task that rollout came from was dead-lettered, so
+    3 of 16 rollouts were never made. The broker's refusal is not the event's fault: the
+    handler runs again (its outputs have derived ids) and nothing reaches the dead letters."""
+    from aiokafka.errors import NotLeaderForPartitionError
+
+    async with Bus.of(settings) as bus:
+        await bus.publish_many(
+            [TaskPublished(task_id=str(i), env="e", prompt="p") for i in range(4)]
+        )
+        tries: Counter[str] = Counter()
+        stop = asyncio.Event()
+
+        async def on_events(deliveries: list[Delivery]) -> None:
+            for d in deliveries:
+                task = d.event
+                assert isinstance(task, TaskPublished)
+                tries[task.task_id] += 1
+                if task.task_id == "2" and tries["2"] <= 2:
+                    raise NotLeaderForPartitionError()
+            if len(tries) == 4 and tries["2"] > 2:
+                stop.set()
+
+        async def on_event(d: Delivery) -> None:
+            await on_events([d])
+
+        handler = on_events if batch else on_event
+        consume = bus.subscriber("tasks", group="env", batch=batch)(handler)  # type: ignore[arg-type]
+        await asyncio.wait_for(consume.run(stop), 60)
+        letters = await read_back(bus, "dlq", settings.run_id)
+    assert tries["2"] == 3 and letters == []
 
 
 async def test_json_task_from_plain_aiokafka_producer(settings: Settings) -> None:
