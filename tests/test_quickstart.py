@@ -103,9 +103,15 @@ def test_quickstart_runs_the_loop_and_says_what_it_did(tmp_path: Path) -> None:
             ON s.rollout_id = r.rollout_id GROUP BY v ORDER BY v"""
         base_rows = store.query(held_out, {"run": f"{PREFIX}-baseline"}).rows
         rl_rows = store.query(held_out, {"run": f"{PREFIX}-rl"}).rows
-        # Compared as printed: ClickHouse's round() and Python's format differ at a half.
-        assert [f"{r[1]:.3f}" for r in base_rows] == [printed[0]]
-        assert [(r[0], f"{r[1]:.3f}") for r in rl_rows] == [(0, printed[1]), (12, printed[2])]
+
+        # Equal to the printed precision: at a half, the last digit depends on the order the
+        # floats were summed in (ClickHouse's avg against the command's), 0.0205 read 0.020/0.021.
+        def as_printed(stored: float, shown: str) -> bool:
+            return abs(stored - float(shown)) <= 0.0005 + 1e-9
+
+        assert len(base_rows) == 1 and as_printed(base_rows[0][1], printed[0]), base_rows
+        assert [r[0] for r in rl_rows] == [0, 12], rl_rows
+        assert all(map(as_printed, [r[1] for r in rl_rows], printed[1:3])), (rl_rows, printed)
         good = one(
             "SELECT count() FROM scored FINAL WHERE run_id = {run:String} AND reward >= 1",
             f"{PREFIX}-rl",
