@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 
 from aiokafka.errors import KafkaError
 
-from rlbus.bus.records import from_record
-from rlbus.bus.topic_reader import from_start
+from rlbus.bus.topic_reader import from_start, run_events
 from rlbus.schemas import WeightLoaded
 
 if TYPE_CHECKING:
@@ -66,11 +65,6 @@ async def _follow(
         while not stop.is_set():
             polled = await consumer.getmany(timeout_ms=poll_ms)
             for records in polled.values():
-                for record in records:
-                    try:
-                        events = from_record(TOPIC, record, bus.claims)
-                    except Exception:  # not ours to judge here
-                        continue
-                    for event in events:
-                        if isinstance(event, WeightLoaded) and event.run_id == run_id:
-                            heard(event, record.timestamp / 1000)
+                for record, event in run_events(bus, TOPIC, records, run_id):
+                    if isinstance(event, WeightLoaded):
+                        heard(event, record.timestamp / 1000)

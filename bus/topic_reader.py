@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -64,19 +64,27 @@ async def read_records(bus: Bus, topic: str, poll_ms: int = 500) -> list[Consume
     return [record async for batch in polled_records(bus, topic, poll_ms) for record in batch]
 
 
+def run_events(
+    bus: Bus, topic: str, records: Iterable[ConsumerRecord], run_id: str
+) -> Iterator[tuple[ConsumerRecord, Event]]:
+    """The events of `run_id` in `records` of `topic`, each with its record. Messages that do
+    not decode are left to the consumers that dead-letter them."""
+    for record in records:
+        try:
+            decoded = from_record(topic, record, bus.claims)
+        except Exception:  # not ours to judge here
+            continue
+        for event in decoded:
+            if event.run_id == run_id:
+                yield record, event
+
+
 async def events_back(bus: Bus, topic: str, run_id: str) -> AsyncIterator[Event]:
     """Every event of `run_id` on `topic` (unprefixed), oldest first per partition, up to its
-    end when called, each decoded as it is read (a long run's history is never held whole).
-    Messages that do not decode are left to the consumers that dead-letter them."""
+    end when called, each decoded as it is read (a long run's history is never held whole)."""
     async for batch in polled_records(bus, topic):
-        for record in batch:
-            try:
-                decoded = from_record(topic, record, bus.claims)
-            except Exception:  # not ours to judge here
-                continue
-            for event in decoded:
-                if event.run_id == run_id:
-                    yield event
+        for _, event in run_events(bus, topic, batch, run_id):
+            yield event
 
 
 async def read_back(bus: Bus, topic: str, run_id: str) -> list[Event]:
