@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -69,6 +70,12 @@ class Sample:
     minute: float
     rss_mb: dict[str, float] = field(default_factory=dict)
     """By process: the run's roles, the eval's ("eval env", "eval judge"), "tansu"."""
+    anon_mb: dict[str, float] = field(default_factory=dict)
+    """The anonymous part of each RSS (heaps), without the mapped files (libraries)."""
+    engine_mb: dict[str, float] = field(default_factory=dict)
+    """The sink's ClickHouse engine, as it counts itself: "tracked" (MemoryTracking),
+    "jemalloc allocated" and "jemalloc resident" (its allocator serves only the engine); the
+    sink's anonymous RSS less the resident part is Python's and Arrow's."""
     open_files: dict[str, int] = field(default_factory=dict)
     cpu_s: dict[str, float] = field(default_factory=dict)
     """CPU seconds (user + system) each process has used so far."""
@@ -89,18 +96,23 @@ class Sample:
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def proc_stats(pid: int) -> tuple[float, int, float] | None:
-    """(RSS in MB, open file descriptors, CPU seconds so far) of a live process."""
+def proc_stats(pid: int) -> tuple[float, float, int, float] | None:
+    """(RSS and its anonymous part in MB, open file descriptors, CPU seconds so far) of a live
+    process."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         fds = len(os.listdir(f"/proc/{pid}/fd"))
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+    kb = {
+        line.split(":")[0]: int(line.split()[1])
+        for line in status.splitlines()
+        if line.startswith(("VmRSS:", "RssAnon:"))
+    }
     # Fields after the command name (which may hold spaces): utime and stime are 14 and 15.
     utime, stime = stat.rpartition(")")[2].split()[11:13]
-    return kb / 1024, fds, (int(utime) + int(stime)) / TICKS
+    return kb["VmRSS"] / 1024, kb["RssAnon"] / 1024, fds, (int(utime) + int(stime)) / TICKS
 
 
 def fd_kinds(pid: int) -> dict[str, int]:
@@ -118,17 +130,29 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
-def store_figures(settings: Settings) -> tuple[dict[str, int], dict[str, int]]:
-    """(bytes by table, rollouts by run), through the sink's read-only endpoint."""
+JEMALLOC = re.compile(r"Allocated: (\d+), active: \d+, metadata: \d+.*?, resident: (\d+)")
+
+
+def store_figures(
+    settings: Settings,
+) -> tuple[dict[str, int], dict[str, int], dict[str, float]]:
+    """(bytes by table, rollouts by run, the engine's own memory figures in MB), through the
+    sink's read-only endpoint (its queries run in the sink's engine)."""
     if not store_served_elsewhere(settings):
-        return {}, {}
+        return {}, {}, {}
     with open_store(settings.store.url, read_only=True) as store:
         tables = store.query(
             "SELECT concat(database, '.', table), sum(bytes_on_disk) FROM system.parts "
             "WHERE active GROUP BY database, table"
         ).rows
         runs = store.query("SELECT run_id, count() FROM rollouts GROUP BY run_id").rows
-    return {str(t): int(b) for t, b in tables}, {str(r): int(n) for r, n in runs}
+        tracked = store.query("SELECT value FROM system.metrics WHERE metric = 'MemoryTracking'")
+        stats = str(store.query("SELECT stats FROM system.jemalloc_stats").rows[0][0])
+    engine = {"tracked": int(tracked.rows[0][0]) / 2**20}
+    if (found := JEMALLOC.search(stats)) is not None:
+        engine["jemalloc allocated"] = int(found[1]) / 2**20
+        engine["jemalloc resident"] = int(found[2]) / 2**20
+    return {str(t): int(b) for t, b in tables}, {str(r): int(n) for r, n in runs}, engine
 
 
 class Lag:
@@ -291,9 +315,9 @@ def sample(
     for name, pid in processes.items():
         stats = proc_stats(pid)
         if stats is not None:
-            s.rss_mb[name], s.open_files[name], s.cpu_s[name] = stats
+            s.rss_mb[name], s.anon_mb[name], s.open_files[name], s.cpu_s[name] = stats
             s.fd_kinds[name] = fd_kinds(pid)
-    s.store_bytes, s.rollouts = store_figures(settings)
+    s.store_bytes, s.rollouts, s.engine_mb = store_figures(settings)
     s.claims_bytes = folder_bytes(workdir / "claims")
     s.checkpoint_bytes = folder_bytes(workdir / "checkpoints")
     return s
@@ -351,6 +375,10 @@ def report(samples: list[Sample], warmup_minutes: float, stopped_by: str) -> Non
         return whole
 
     rss = {name: row(f"RSS MB {name}", "rss_mb", name) for name in last.rss_mb}
+    for name in last.anon_mb:
+        row(f"  anonymous MB {name}", "anon_mb", name)
+    for name in last.engine_mb:
+        row(f"sink engine MB, {name}", "engine_mb", name)
     for name in last.open_files:
         row(f"open files {name}", "open_files", name)
         before = first.fd_kinds.get(name, {})

@@ -45,3 +45,17 @@ async def wait_until(
         if time.monotonic() >= deadline:
             raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
         await asyncio.sleep(interval_s)
+
+
+async def every(
+    seconds: float, stop: asyncio.Event, action: Callable[[], object], last: bool = False
+) -> None:
+    """Run the blocking `action` off the event loop every `seconds` until `stop` is set, and
+    (`last`) once more then."""
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), seconds)
+        except TimeoutError:
+            await asyncio.to_thread(action)
+    if last:
+        await asyncio.to_thread(action)

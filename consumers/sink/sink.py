@@ -12,7 +12,6 @@ here once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from itertools import groupby, repeat
@@ -25,7 +24,9 @@ from rlbus.bus import Bus, Delivery
 from rlbus.bus.store import Store
 from rlbus.bus.store.arrow import events_to_arrow
 from rlbus.bus.store.client import block_token
+from rlbus.bus.waiting import every
 from rlbus.config import Settings
+from rlbus.consumers.sink.heap import RELEASE_EVERY_S, release_every
 from rlbus.schemas import EVENT_TYPES, TOPICS, Event, codec
 
 log = logging.getLogger(__name__)
@@ -107,10 +108,7 @@ class Conflicts:
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Look every `every_s` until `stop`, and once more then."""
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.every_s)
-            await asyncio.to_thread(self.look)
+        await every(self.every_s, stop, self.look, last=True)
 
     def look(self) -> int:
         """Log the conflicts not logged yet; returns how many there were."""
@@ -178,11 +176,14 @@ async def run_sink(
         )(sink.handle)
         consumed = asyncio.Event()
         watching = asyncio.create_task(sink.conflicts.watch(consumed))
+        releasing = asyncio.create_task(release_every(RELEASE_EVERY_S, consumed))
         try:
             await consume.run(stop)
         except BaseException:
             watching.cancel()
+            releasing.cancel()
             raise
         consumed.set()
         await watching  # one last look at what the final batches stored
+        await releasing
     return sink
