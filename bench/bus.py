@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import chdb
-import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from rich.console import Console
 from rich.table import Table
@@ -39,28 +38,10 @@ from rlbus.consumers.sink import Sink
 from rlbus.consumers.sink.sink import messages_of, storable
 from rlbus.discovery import store_served_elsewhere
 from rlbus.launch.processes import RoleProcess, alive
-from rlbus.schemas import TokenRecord, codec, derived_id
-from rlbus.schemas.packed import pack_logprobs, pack_tokens
+from rlbus.schemas import TokenRecord, codec
+from rlbus.testing.token_records import token_records
 
 console = Console(width=140)
-
-
-def make_records(n: int, tokens: int, run_id: str) -> list[TokenRecord]:
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, 32_000, (n, tokens), dtype=np.uint32)
-    lps = -rng.random((n, tokens), dtype=np.float32)
-    return [
-        TokenRecord(
-            rollout_id=derived_id("r", i),
-            call_index=0,
-            run_id=run_id,
-            prompt_ids=pack_tokens(ids[i, :8]),
-            completion_ids=pack_tokens(ids[i]),
-            logprobs=pack_logprobs(lps[i]),
-            policy_version=1,
-        )
-        for i in range(n)
-    ]
 
 
 async def bare_aiokafka(bootstrap: str, payloads: list[bytes]) -> float:
@@ -128,7 +109,7 @@ def pipeline(settings: Settings, events: list[TokenRecord], logs: Path) -> float
     try:
         wait_for(lambda: store_served_elsewhere(settings), 60, "the sink", check=alive(sink))
         warm = settings.model_copy(update={"run_id": "warm-up"})
-        asyncio.run(publish(warm, make_records(1, 4, "warm-up")))
+        asyncio.run(publish(warm, token_records(1, 4, "warm-up")))
         wait_for(lambda: stored(warm) == 1, 60, "the warm-up row", check=alive(sink))
         start = time.perf_counter()
         asyncio.run(publish(settings, events))
@@ -235,7 +216,7 @@ def main() -> None:
                 "claim_check": {"url": f"{tmp}/claims"},
             }
         )
-        events = make_records(args.events, args.tokens, settings.run_id)
+        events = token_records(args.events, args.tokens, settings.run_id)
         payloads = [codec.encode(e) for e in events]
         console.print(
             f"{args.events:,} TokenRecords of {args.tokens} tokens, "

@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import statistics
 import tempfile
 import time
@@ -130,9 +129,6 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
-JEMALLOC = re.compile(r"Allocated: (\d+), active: \d+, metadata: \d+.*?, resident: (\d+)")
-
-
 def store_figures(
     settings: Settings,
 ) -> tuple[dict[str, int], dict[str, int], dict[str, float]]:
@@ -146,12 +142,7 @@ def store_figures(
             "WHERE active GROUP BY database, table"
         ).rows
         runs = store.query("SELECT run_id, count() FROM rollouts GROUP BY run_id").rows
-        tracked = store.query("SELECT value FROM system.metrics WHERE metric = 'MemoryTracking'")
-        stats = str(store.query("SELECT stats FROM system.jemalloc_stats").rows[0][0])
-    engine = {"tracked": int(tracked.rows[0][0]) / 2**20}
-    if (found := JEMALLOC.search(stats)) is not None:
-        engine["jemalloc allocated"] = int(found[1]) / 2**20
-        engine["jemalloc resident"] = int(found[2]) / 2**20
+        engine = store.engine_memory_mb()
     return {str(t): int(b) for t, b in tables}, {str(r): int(n) for r, n in runs}, engine
 
 

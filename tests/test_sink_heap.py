@@ -10,7 +10,6 @@ import asyncio
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 from test_sink import publish
 
@@ -19,8 +18,7 @@ from rlbus.bus.waiting import wait_until
 from rlbus.config import Settings
 from rlbus.consumers.sink.heap import CAN_RELEASE, RELEASE_EVERY_S
 from rlbus.consumers.sink.sink import run_sink
-from rlbus.schemas import TokenRecord, derived_id
-from rlbus.schemas.packed import pack_logprobs, pack_tokens
+from rlbus.testing.token_records import token_records
 
 pytestmark = pytest.mark.skipif(
     not CAN_RELEASE, reason="this C library has no malloc_trim: the sink keeps what it freed"
@@ -29,29 +27,10 @@ pytestmark = pytest.mark.skipif(
 ROWS, TOKENS = 60_000, 256
 
 
-def records(run_id: str, start: int, n: int) -> list[TokenRecord]:
-    rng = np.random.default_rng(start)
-    ids = rng.integers(0, 32_000, (n, TOKENS), dtype=np.uint32)
-    lps = -rng.random((n, TOKENS), dtype=np.float32)
-    return [
-        TokenRecord(
-            rollout_id=derived_id("heap", start + i),
-            call_index=0,
-            run_id=run_id,
-            prompt_ids=pack_tokens(ids[i, :8]),
-            completion_ids=pack_tokens(ids[i]),
-            logprobs=pack_logprobs(lps[i]),
-            policy_version=1,
-        )
-        for i in range(n)
-    ]
-
-
 def heap_outside_engine_mb(store: Store) -> float:
     """This process's anonymous RSS less what ClickHouse's allocator holds resident."""
-    stats = str(store.query("SELECT stats FROM system.jemalloc_stats").rows[0][0])
     anon_kb = int(re.search(r"RssAnon:\s+(\d+)", Path("/proc/self/status").read_text())[1])
-    return anon_kb / 1024 - int(re.search(r"resident: (\d+)", stats)[1]) / 2**20
+    return anon_kb / 1024 - store.engine_memory_mb()["jemalloc resident"]
 
 
 def stored(store: Store) -> int:
@@ -66,10 +45,10 @@ def test_the_sink_returns_the_heap_its_polls_freed(settings: Settings, tmp_path:
         try:
             before = heap_outside_engine_mb(store)
             for start in range(0, ROWS, ROWS // 3):
-                await publish(settings, records(settings.run_id, start, ROWS // 3))
+                await publish(settings, token_records(ROWS // 3, TOKENS, settings.run_id, start))
             await wait_until(lambda: stored(store) == ROWS, 120, f"{ROWS} token records")
             # A small poll after the large ones: the subscriber lets go of the last of them.
-            await publish(settings, records(settings.run_id, ROWS, 10))
+            await publish(settings, token_records(10, TOKENS, settings.run_id, ROWS))
             await wait_until(lambda: stored(store) == ROWS + 10, 60, "the last poll")
             await asyncio.sleep(2 * RELEASE_EVERY_S)
             return before, heap_outside_engine_mb(store)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
 import urllib.request
 from collections.abc import Sequence
@@ -167,6 +168,18 @@ class Store:
         sql = self._statement(sql, parameters, None)
         return self._client().query_arrow(sql, parameters=parameters, use_strings=True)
 
+    def engine_memory_mb(self) -> dict[str, float]:
+        """The serving engine's own memory figures, in MB: "tracked" (MemoryTracking) and, from
+        its jemalloc (which serves the engine only), "jemalloc allocated" and "jemalloc
+        resident"; for chdb, the engine of the process that holds the store."""
+        tracked = self.query("SELECT value FROM system.metrics WHERE metric = 'MemoryTracking'")
+        stats = str(self.query("SELECT stats FROM system.jemalloc_stats").rows[0][0])
+        figures = {"tracked": int(tracked.rows[0][0]) / 2**20}
+        if (found := _JEMALLOC.search(stats)) is not None:
+            figures["jemalloc allocated"] = int(found[1]) / 2**20
+            figures["jemalloc resident"] = int(found[2]) / 2**20
+        return figures
+
     def query_raw(
         self, sql: str, fmt: str = "TabSeparated", parameters: dict[str, Any] | None = None
     ) -> bytes:
@@ -297,6 +310,10 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_JEMALLOC = re.compile(r"Allocated: (\d+), active: \d+, metadata: \d+.*?, resident: (\d+)")
+"""The totals line of jemalloc's statistics (malloc_stats_print)."""
 
 
 def block_token(kind: type[Event], messages: Sequence[bytes]) -> str:
