@@ -3,7 +3,8 @@ imports it, and of the launcher only the learning recipe, whose teacher is a scr
 (`rlbus quickstart`). `scripted_server`: a scripted OpenAI-compatible model server (the test
 double for a remote LLM); `in_process`: every role of a run in one event loop; `browser`:
 Debian's headless chromium under Playwright, for the ui's browser tests and bench/analytics.py;
-`cpu`: CPU seconds of this and other processes, for benchmarks.
+`cpu`: CPU seconds of this and other processes, for benchmarks; `token_records`: random
+token records for the store path's tests and benchmarks.
 """
 
 from rlbus.testing.cpu import CpuMeter, TreeCpuSampler, cpu_of, own_cpu, tree_cpu
