@@ -149,7 +149,7 @@ def test_failures_are_recorded_with_their_reason_and_the_eval_finishes(
         command = ["{python}", "{env_dir}/agent.py"]
         [env.runtime]
         kind = "subprocess"
-        timeout_s = 2
+        timeout_s = 10
         memory_mb = 512
     """)
     )
@@ -172,7 +172,7 @@ def test_failures_are_recorded_with_their_reason_and_the_eval_finishes(
         stored["crash"][:2] == ("error", "exit")
         and "agent crashed on purpose" in stored["crash"][2]
     )
-    assert stored["sleep"][:2] == ("error", "timeout") and "2s time limit" in stored["sleep"][2]
+    assert stored["sleep"][:2] == ("error", "timeout") and "10s time limit" in stored["sleep"][2]
     assert (
         stored["memory"][:2] == ("error", "memory")
         and "512 MiB memory limit" in stored["memory"][2]
