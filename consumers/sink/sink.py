@@ -142,19 +142,23 @@ class Sink:
         self.rejected = 0
         self.conflicts = Conflicts(store, conflict_check_s)
 
-    def _store(self, kind: type[Event], deliveries: list[Delivery]) -> int:
-        block, good = storable(deliveries)
-        self.rejected += len(deliveries) - len(good)
-        if not good:
-            return 0
-        # The messages' own bytes: a replayed block is dropped, whatever offsets it came from.
-        return self.store.insert_block(kind, block, block_token(kind, messages_of(good)))
+    def _insert(self, blocks: list[tuple[type[Event], pa.Table, str]]) -> int:
+        return sum(self.store.insert_block(kind, block, token) for kind, block, token in blocks)
 
     async def handle(self, deliveries: list[Delivery]) -> None:
         """One Arrow block per table per poll."""
+        blocks = []
         for kind, group in by_kind(deliveries).items():
-            # chdb is synchronous; a thread keeps the event loop (and Kafka heartbeats) alive.
-            self.rows_written += await asyncio.to_thread(self._store, kind, group)
+            # Built here, not in the insert's thread, which is the slower side of the pipeline
+            # (the next poll is decoded here while this one is inserted).
+            block, good = storable(group)
+            self.rejected += len(group) - len(good)
+            if good:
+                # The messages' own bytes: a replayed block is dropped, whatever offsets it
+                # came from.
+                blocks.append((kind, block, block_token(kind, messages_of(good))))
+        # chdb is synchronous; a thread keeps the event loop (and Kafka heartbeats) alive.
+        self.rows_written += await asyncio.to_thread(self._insert, blocks)
 
 
 async def run_sink(
