@@ -4,7 +4,6 @@ entry point that stops cleanly on Ctrl-C / SIGTERM, and errors as exits."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import importlib.util
 import logging
 import os
@@ -22,6 +21,7 @@ from rlbus.bus.telemetry import setup_telemetry
 from rlbus.config import ConfigError, Settings, load_settings
 from rlbus.console import err_console
 from rlbus.discovery import require_bootstrap
+from rlbus.launch.collector import steady_collector
 
 TRAIN_EXTRA = "pip install torch==2.13.0 && pip install 'rlbus[train]'"
 """torch first: the pinned CPU build; a looser requirement resolved first pulls a CUDA one."""
@@ -147,8 +147,7 @@ def run_until_signal(main: Callable[[asyncio.Event], Awaitable[T]]) -> T:
             loop.add_signal_handler(sig, stopping)
         return await main(stop)
 
-    # What a long-lived role imported and built before this point lives as long as it does:
-    # frozen, the collector no longer walks it on every full collection (a sink polling
-    # thousands of records a second set off one every few polls).
-    gc.freeze()
-    return asyncio.run(runner())
+    # What a long-lived role imported and built before this point lives as long as it does
+    # (a sink polling thousands of records a second set off a full collection every few polls).
+    with steady_collector():
+        return asyncio.run(runner())

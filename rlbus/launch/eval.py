@@ -16,6 +16,7 @@ from rlbus.bus.store import open_store
 from rlbus.config import Settings
 from rlbus.console import progress
 from rlbus.discovery import local_broker
+from rlbus.launch.collector import steady_collector
 from rlbus.launch.local_sink import LocalSink, local_sink
 from rlbus.producers.environment import Environment
 from rlbus.producers.eval_summary import EvalSummary, latest_run, read_eval_summary, scored_tasks
@@ -119,7 +120,9 @@ def run_eval(
                     bar, completed=tally.rollouts, errors=tally.errors, reward=tally.mean_reward
                 )
 
-            tally = asyncio.run(_evaluate(live, env, _tasks(env, run_id, n, done), on_group))
+            with steady_collector():
+                tasks = _tasks(env, run_id, n, done)
+                tally = asyncio.run(_evaluate(live, env, tasks, on_group))
             expected = before + tally.rollouts
             landed = bars.add_task("in ClickHouse", total=expected, errors="", reward=0.0)
             sink.wait_landed(

@@ -3,12 +3,12 @@ asked for) is known, and printed, before the first request."""
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 
 import uvicorn
 
 from rlbus.bus.server_thread import listening_socket
+from rlbus.launch.collector import steady_collector
 from rlbus.ui.app import LOCAL_HOSTS, create_app
 
 ANY_ADDRESS = ("0.0.0.0", "::")
@@ -30,6 +30,6 @@ def serve(
     ready(f"http://{shown}:{sock.getsockname()[1]}")
     # What the imports made lives as long as the process: kept out of full collections, which
     # otherwise scan it all (~70 ms on a small machine) in the middle of some page.
-    gc.freeze()
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    server.run(sockets=[sock])
+    with steady_collector():
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        server.run(sockets=[sock])
