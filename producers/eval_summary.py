@@ -20,6 +20,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
+def landed_scores_sql(where: str) -> str:
+    """Counts the scored rollouts matching `where` (a condition both tables can take) whose
+    rollout is stored too: what reads scores with their rollouts waits for this count, since a
+    rollout's score is on another topic and can reach the store first."""
+    return (
+        f"SELECT count() FROM scored FINAL WHERE {where} "
+        f"AND rollout_id IN (SELECT rollout_id FROM rollouts WHERE {where})"
+    )
+
+
 @dataclass
 class EvalSummary:
     run_id: str

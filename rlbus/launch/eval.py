@@ -19,13 +19,19 @@ from rlbus.discovery import local_broker
 from rlbus.launch.collector import steady_collector
 from rlbus.launch.local_sink import LocalSink, local_sink
 from rlbus.producers.environment import Environment
-from rlbus.producers.eval_summary import EvalSummary, latest_run, read_eval_summary, scored_tasks
+from rlbus.producers.eval_summary import (
+    EvalSummary,
+    landed_scores_sql,
+    latest_run,
+    read_eval_summary,
+    scored_tasks,
+)
 from rlbus.producers.evaluation import EvalPipeline, Tally
 from rlbus.producers.interception import InterceptionServer
 from rlbus.producers.rollouts import RolloutRunner
 from rlbus.schemas import TaskPublished, derived_id
 
-SCORED = "SELECT count() FROM scored FINAL WHERE run_id = {run:String} AND env = {env:String}"
+SCORED = landed_scores_sql("run_id = {run:String} AND env = {env:String}")
 
 
 class EvalError(RuntimeError):

@@ -31,6 +31,7 @@ from rlbus.launch.local_sink import LocalSink
 from rlbus.launch.processes import RoleProcess, alive
 from rlbus.launch.supervisor import thread_env
 from rlbus.producers.environment import Environment, load_environment
+from rlbus.producers.eval_summary import landed_scores_sql
 from rlbus.producers.main import run as run_env_producer
 from rlbus.schemas import TaskPublished
 from rlbus.testing.scripted_server import ScriptedModel, ScriptedServer
@@ -76,7 +77,7 @@ GROUP BY version ORDER BY version
 """
 """Training-rollout reward by the policy version that sampled them (the reward curve)."""
 
-SCORED_SQL = "SELECT count() FROM scored FINAL WHERE run_id = {run:String}"
+SCORED_SQL = landed_scores_sql("run_id = {run:String}")
 
 Teacher = Callable[[list[int]], list[int]]
 """Prompt token ids -> the right answer's token ids, ending with <|im_end|>."""
