@@ -96,6 +96,8 @@ class ChatClient:
     async def rlbus_served(self) -> bool:
         """Whether the endpoint is rlbus's inference server. Decided by the first answer to
         GET /models; an endpoint that cannot be reached is asked again next time."""
+        if self._rlbus is not None:  # decided: no lock (it is asked once per call)
+            return self._rlbus
         async with self._probing:
             if self._rlbus is None:
                 try:

@@ -45,6 +45,8 @@ REBUILT = frozenset(
 """State keys rebuilt from the rollout; the others an environment sets are carried over."""
 SAMPLING = ("temperature", "top_p", "max_tokens", "stop", "seed")
 """verifiers sampling_args that map onto rlbus's [env.sampling]."""
+ROWS_PER_READ = 256
+"""Dataset rows read at a time when making tasks."""
 
 
 def _vf() -> Any:
@@ -375,8 +377,12 @@ class VerifiersTaskSet(TaskSet):
         return rules
 
     def _rows(self, split: str, dataset: Any) -> Iterator[TaskPublished]:
-        for row in dataset:
-            yield row_task(self.vf_name, split, row)
+        # A datasets.Dataset read in column batches: its row iterator formats each row on its
+        # own, which was half of what `rlbus eval` spent making a verifiers task.
+        for batch in dataset.iter(batch_size=ROWS_PER_READ):
+            names = list(batch)
+            for values in zip(*batch.values(), strict=True):
+                yield row_task(self.vf_name, split, dict(zip(names, values, strict=True)))
 
     def rows(self) -> Iterator[TaskPublished]:
         """The training dataset (its eval dataset when it has none)."""
