@@ -20,6 +20,7 @@ from rlbus.commands.common import (
 )
 from rlbus.console import console, progress
 from rlbus.discovery import require_bootstrap
+from rlbus.launch.collector import steady_collector
 from rlbus.producers.task_sources import TaskSourceError, load_tasks
 from rlbus.producers.task_sources.publish import publish_tasks
 
@@ -83,7 +84,7 @@ def publish(
     with exits_on(TaskSourceError, OSError):
         found = load_tasks(source, env, run, columns=renames, subset=subset, split=split)
         tasks = list(islice(found, limit))
-    with progress() as bars:
+    with progress() as bars, steady_collector():
         bar = bars.add_task("publishing", total=len(tasks))
         n = asyncio.run(publish_tasks(settings, tasks, lambda k: bars.update(bar, advance=k)))
     console.print(f"published {n:,} tasks to {settings.kafka.topic_prefix}tasks (run {run!r})")

@@ -26,6 +26,7 @@ from rlbus.bus.store.sqltext import SqlTextError, Tok, tokens
 from rlbus.config import Settings
 from rlbus.console import progress
 from rlbus.discovery import local_broker
+from rlbus.launch.collector import steady_collector
 from rlbus.launch.local_sink import local_sink
 from rlbus.producers.environment import Environment, Scorer
 from rlbus.producers.eval_summary import EvalSummary, read_eval_summary
@@ -194,7 +195,8 @@ def rescore(
                 )
 
             ids = {r.rollout_id for r in chosen}
-            tally = asyncio.run(_publish(live, scorer, groups, ids, on_group))
+            with steady_collector():
+                tally = asyncio.run(_publish(live, scorer, groups, ids, on_group))
             landed = bars.add_task(
                 "in ClickHouse", total=before + tally.rollouts, errors="", reward=0.0
             )
