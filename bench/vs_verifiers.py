@@ -175,7 +175,13 @@ def v1_eval(url: str, tasks: Path, n: int, concurrency: int, harness: str, out: 
         *("-c", str(concurrency), "--no-push", "--no-rich", "-o", str(out)),
         *("--env.agent.harness.id", harness, "--env.agent.runtime.type", "subprocess"),
     ]
-    plugins = {"PYTHONPATH": str(V1_PLUGINS), "OPENAI_API_KEY": "scripted"}
+    plugins = {
+        "PYTHONPATH": str(V1_PLUGINS),
+        "OPENAI_API_KEY": "scripted",
+        # The null harness finds uv on PATH (installed into this venv for it), else it
+        # downloads uv's installer, which a machine without internet cannot.
+        "PATH": os.pathsep.join([str(V1_VENV / "bin"), os.environ.get("PATH", "")]),
+    }
     with (out.parent / f"{out.name}.log").open("w") as log:
         proc = subprocess.Popen(command, env={**os.environ, **plugins}, stdout=log, stderr=log)
         with TreeCpuSampler(proc.pid) as sampler:
