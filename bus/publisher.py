@@ -16,6 +16,7 @@ from opentelemetry.trace import SpanKind
 from rlbus.bus import telemetry
 from rlbus.bus.claim_check import ClaimStore
 from rlbus.bus.connection import client_options
+from rlbus.bus.partitioner import partition_of
 from rlbus.bus.records import Headers, messages_of, to_batch_message
 from rlbus.config import KafkaConfig
 from rlbus.schemas import Event, topic_of
@@ -83,6 +84,7 @@ class Publisher:
             linger_ms=self.kafka.linger_ms,
             max_batch_size=1024 * 1024,
             max_request_size=self.kafka.max_request_size,
+            partitioner=partition_of,
         )
         await self._producer.start()
 

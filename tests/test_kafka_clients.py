@@ -111,6 +111,61 @@ def _poll_into(consumer: confluent_kafka.Consumer, seen: dict[str, TaskPublished
     return True
 
 
+def test_a_key_lands_on_the_partition_the_java_client_would_pick(settings: Settings) -> None:
+    """librdkafka's murmur2_random partitioner is the Java client's default: a key rlbus
+    publishes must share its partition with the same key from any other client, or per-key
+    order (a group's rollouts, a rollout's tokens) would not hold across producers."""
+    run = f"partitions-{uuid.uuid4().hex[:6]}"
+    tasks = settings.kafka.topic_prefix + "tasks"
+    keys = [f"{run}-{i}" for i in range(40)]
+    theirs: dict[str, int] = {}
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": settings.kafka.bootstrap_servers, "partitioner": "murmur2_random"}
+    )
+    for key in keys:
+        producer.produce(
+            tasks,
+            json_task(key, run),
+            key=key.encode(),
+            on_delivery=lambda err, msg: theirs.__setitem__(msg.key().decode(), msg.partition()),
+        )
+    assert producer.flush(30) == 0
+    events = [TaskPublished(task_id=key, env="e", prompt="p", run_id=run) for key in keys]
+    asyncio.run(_publish_many(settings, events))
+
+    ours: dict[str, int] = {}
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": settings.kafka.bootstrap_servers,
+            "group.id": settings.kafka.topic_prefix + run,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([tasks])
+    try:
+        wait_for(lambda: _poll_rlbus_keys(consumer, ours) and ours.keys() >= set(keys), 60, "keys")
+    finally:
+        consumer.close()
+    assert {key: ours[key] for key in keys} == theirs
+    assert len(set(theirs.values())) == settings.kafka.partitions  # the keys spread over all
+
+
+async def _publish_many(settings: Settings, events: list[TaskPublished]) -> None:
+    async with Bus.of(settings) as bus:
+        await bus.publish_many(events)
+
+
+def _poll_rlbus_keys(consumer: confluent_kafka.Consumer, ours: dict[str, int]) -> bool:
+    """Each rlbus-published (msgpack) message's key and partition."""
+    message = consumer.poll(0.5)
+    if message is None or message.error() is not None:
+        return True
+    if dict(message.headers() or ()).get("content-type") == b"application/msgpack":
+        ours[message.key().decode()] = message.partition()
+    return True
+
+
 def bundled_librdkafka(tmp_path: Path) -> Path:
     """A folder whose librdkafka.so.1 is the one confluent-kafka's wheel ships (2.16)."""
     libs = Path(confluent_kafka.__file__).parent.parent / "confluent_kafka.libs"
