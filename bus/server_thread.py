@@ -7,6 +7,7 @@ free port chosen by the system (no window for another process to take it).
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 from typing import Literal
@@ -28,6 +29,27 @@ def listening_socket(host: str, port: int) -> socket.socket:
     sock.bind((host, port))
     sock.listen(128)  # connections queue from now on, before the server's loop takes them
     return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, asking every connection to close for as long as its shutdown lasts.
+    uvicorn asks the connections it knows once; one accepted in the same loop pass as the
+    shutdown began is registered a moment later and never asked, and a connection that sends
+    nothing has no timeout: close then waited out its whole grace. Asking twice is harmless:
+    an idle connection is closed, a busy one answers its request and then closes."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        asking = asyncio.create_task(self._ask_connections_to_close())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            asking.cancel()
+
+    async def _ask_connections_to_close(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            for connection in list(self.server_state.connections):
+                connection.shutdown()
 
 
 class ServerThread:
@@ -52,7 +74,7 @@ class ServerThread:
         self.url = f"http://{host}:{self.port}"
         self._graceful = graceful_s is not None
         self._start_timeout_s = start_timeout_s
-        self._server = uvicorn.Server(
+        self._server = _Server(
             uvicorn.Config(
                 app,
                 log_level="warning",
