@@ -103,13 +103,9 @@ async def publish(settings: Settings, events: list[TokenRecord]) -> None:
     # `rlbus tasks publish`): at CPython's default, collections walking the events and their
     # futures took a fifth of the publishing process's time here.
     with steady_collector():
-        await _publish(settings, events)
-
-
-async def _publish(settings: Settings, events: list[TokenRecord]) -> None:
-    async with Bus.of(settings) as bus:
-        for i in range(0, len(events), 5000):
-            await bus.publish_many(events[i : i + 5000])
+        async with Bus.of(settings) as bus:
+            for i in range(0, len(events), 5000):
+                await bus.publish_many(events[i : i + 5000])
 
 
 def pipeline(settings: Settings, events: list[TokenRecord], logs: Path) -> float:

@@ -17,10 +17,11 @@ import pytest
 from isolated import isolated_settings, running_sink
 
 from rlbus.bus import Bus, EmbeddedBroker
+from rlbus.bus.records import CONTENT_TYPE
 from rlbus.bus.store import open_store
 from rlbus.bus.waiting import wait_for
 from rlbus.config import Settings
-from rlbus.schemas import TaskPublished, decode
+from rlbus.schemas import TaskPublished, codec, decode
 
 KCAT = shutil.which("kcat")
 
@@ -75,7 +76,7 @@ def test_confluent_kafka_publishes_json_tasks_and_reads_rlbus_events(settings: S
 
     # And the other way: a consumer-group member reads an event rlbus published (msgpack).
     ours = TaskPublished(task_id="from-rlbus", env="e", prompt="p", run_id=run)
-    asyncio.run(_publish(settings, ours))
+    asyncio.run(_publish(settings, [ours]))
     consumer = confluent_kafka.Consumer(
         {
             "bootstrap.servers": settings.kafka.bootstrap_servers,
@@ -94,9 +95,9 @@ def test_confluent_kafka_publishes_json_tasks_and_reads_rlbus_events(settings: S
     assert seen["from-rlbus"] == ours
 
 
-async def _publish(settings: Settings, event: TaskPublished) -> None:
+async def _publish(settings: Settings, events: list[TaskPublished]) -> None:
     async with Bus.of(settings) as bus:
-        await bus.publish(event)
+        await bus.publish_many(events)
 
 
 def _poll_into(consumer: confluent_kafka.Consumer, seen: dict[str, TaskPublished]) -> bool:
@@ -131,7 +132,7 @@ def test_a_key_lands_on_the_partition_the_java_client_would_pick(settings: Setti
         )
     assert producer.flush(30) == 0
     events = [TaskPublished(task_id=key, env="e", prompt="p", run_id=run) for key in keys]
-    asyncio.run(_publish_many(settings, events))
+    asyncio.run(_publish(settings, events))
 
     ours: dict[str, int] = {}
     consumer = confluent_kafka.Consumer(
@@ -151,17 +152,12 @@ def test_a_key_lands_on_the_partition_the_java_client_would_pick(settings: Setti
     assert len(set(theirs.values())) == settings.kafka.partitions  # the keys spread over all
 
 
-async def _publish_many(settings: Settings, events: list[TaskPublished]) -> None:
-    async with Bus.of(settings) as bus:
-        await bus.publish_many(events)
-
-
 def _poll_rlbus_keys(consumer: confluent_kafka.Consumer, ours: dict[str, int]) -> bool:
     """Each rlbus-published (msgpack) message's key and partition."""
     message = consumer.poll(0.5)
     if message is None or message.error() is not None:
         return True
-    if dict(message.headers() or ()).get("content-type") == b"application/msgpack":
+    if dict(message.headers() or ()).get(CONTENT_TYPE) == codec.MSGPACK.encode():
         ours[message.key().decode()] = message.partition()
     return True
 

@@ -3,7 +3,6 @@ silent do not hold it up, whenever they arrived."""
 
 from __future__ import annotations
 
-import logging
 import socket
 import threading
 import time
@@ -13,6 +12,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
+from uvicorn_log import uvicorn_said
 
 from rlbus.bus.server_thread import ServerThread
 
@@ -20,15 +20,6 @@ from rlbus.bus.server_thread import ServerThread
 async def _hold_the_loop(request: Request) -> PlainTextResponse:
     time.sleep(0.5)  # blocks the server's event loop: a connection made now waits to be accepted
     return PlainTextResponse("held")
-
-
-class _Said(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
 
 
 def test_a_connection_accepted_as_close_begins_does_not_hold_it_up() -> None:
@@ -49,18 +40,14 @@ def test_a_connection_accepted_as_close_begins_does_not_hold_it_up() -> None:
     asking.start()
     time.sleep(0.15)  # the request is in its handler, the loop held
     silent = socket.create_connection(("127.0.0.1", server.port), timeout=30)
-    said = _Said()
-    logging.getLogger("uvicorn.error").addHandler(said)
-    try:
+    with uvicorn_said() as said:
         started = time.monotonic()
         server.close()
         seconds = time.monotonic() - started
-    finally:
-        logging.getLogger("uvicorn.error").removeHandler(said)
     asking.join()
     try:
         assert answers == [b"held"]  # the request in flight still got its answer
-        assert not [line for line in said.lines if "graceful shutdown exceeded" in line]
+        assert not [line for line in said if "graceful shutdown exceeded" in line]
         assert seconds < 3, seconds
         assert silent.recv(1) == b""  # closed by the server
     finally:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import subprocess
@@ -20,6 +19,7 @@ import msgspec
 import pyarrow as pa
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
+from uvicorn_log import uvicorn_said
 
 from rlbus.bus.store import Store, StoreEndpoint, open_store
 from rlbus.bus.store import endpoint as endpoint_module
@@ -273,17 +273,6 @@ def test_a_stale_endpoint_file_is_ignored(data_dir: Path) -> None:
         assert reader.query("SELECT count() FROM tokens").rows == [(0,)]
 
 
-class Said(logging.Handler):
-    """Keeps what a logger says."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 @pytest.mark.slow
 def test_chunked_bodies_other_paths_and_idle_clients(store: Store) -> None:
     endpoint = store.serve()
@@ -310,14 +299,10 @@ def test_chunked_bodies_other_paths_and_idle_clients(store: Store) -> None:
     assert b"Empty query" in reply.read()
     # One client idle after its answers, one connected that never sends: neither holds up close.
     # Held up, close would wait out its grace for queries in flight and say so in uvicorn's log.
-    listener = Said()
-    logging.getLogger("uvicorn.error").addHandler(listener)
     silent = socket.create_connection((host, int(port)), timeout=60)
-    try:
+    with uvicorn_said() as said:
         store.close()
-    finally:
-        logging.getLogger("uvicorn.error").removeHandler(listener)
-    assert not [line for line in listener.lines if "graceful shutdown exceeded" in line]
+    assert not [line for line in said if "graceful shutdown exceeded" in line]
     assert silent.recv(1) == b""  # the server closed it rather than waiting for its request
     client.close()
     silent.close()
