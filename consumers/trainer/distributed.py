@@ -47,16 +47,19 @@ class TorchRanks:
         self._dist = dist
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
+        # nccl reduces only tensors on this rank's GPU; the step's sums are made on the CPU.
+        nccl = dist.get_backend() == "nccl"
+        self._device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
 
     def mine(self, items: list[T]) -> list[T]:
         return items[self.rank :: self.world]
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
-        out = values.clone()
+        out = values.to(self._device or values.device, copy=True)
         self._dist.all_reduce(out)
-        return out
+        return out.to(values.device)
 
     def max(self, value: int) -> int:
-        t = torch.tensor([value])
+        t = torch.tensor([value], device=self._device)
         self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX)
         return int(t.item())
