@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rlbus.testing import ScriptedModel, ScriptedServer
+from rlbus.launch.scripted_model import ScriptedModel, ScriptedServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -58,7 +58,9 @@ from rlbus.schemas import (
     derived_id,
     group_id_of,
 )
-from rlbus.testing.browser import BrowserMissing, chromium_page, timing
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/support
+from support.browser import BrowserMissing, chromium_page, timing
 
 console = Console()
 GROUP = 8

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,8 +38,10 @@ from rlbus.consumers.trainer.policy import load_policy
 from rlbus.consumers.trainer.step import Trainer
 from rlbus.launch import recipe
 from rlbus.schemas import TrainBatch, WeightLoaded, WeightVersion, derived_id
-from rlbus.testing import ScriptedModel, ScriptedServer
-from rlbus.testing.in_process import run_in_process
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/support
+from support import ScriptedModel, ScriptedServer
+from support.in_process import run_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 console = Console()

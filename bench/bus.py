@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,7 +41,9 @@ from rlbus.discovery import store_served_elsewhere
 from rlbus.launch.collector import steady_collector
 from rlbus.launch.processes import RoleProcess, alive
 from rlbus.schemas import TokenRecord, codec
-from rlbus.testing.token_records import token_records
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/support
+from support.token_records import token_records
 
 console = Console(width=140)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,16 +28,18 @@ from rlbus.bus.records import from_record
 from rlbus.bus.topic_reader import read_records
 from rlbus.config import Settings, load_settings
 from rlbus.config.env import cli_overrides
+from rlbus.environment import load_environment
 from rlbus.launch.eval import run_eval
 from rlbus.launch.local_sink import local_sink
-from rlbus.producers.environment import load_environment
 from rlbus.schemas import TOPICS
-from rlbus.testing import CpuMeter, own_cpu, serve_in_child
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/support
+from support import CpuMeter, own_cpu, serve_in_child
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 
 
-SERVE = "import sys; from rlbus.testing import ScriptedModel, serve; "
+SERVE = "import sys; from rlbus.launch.scripted_model import ScriptedModel, serve; "
 SERVE += "serve(ScriptedModel(record=False), int(sys.argv[1]))"
 
 

@@ -55,7 +55,9 @@ from rlbus.discovery import local_broker, store_served_elsewhere
 from rlbus.launch.processes import RoleProcess
 from rlbus.launch.supervisor import LocalRun
 from rlbus.schemas import TaskPublished, group_id_of
-from rlbus.testing import ScriptedServer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/support
+from support import ScriptedServer
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "reverse_text"

@@ -43,10 +43,10 @@ from rlbus.consumers.orchestrator.stored_samples import stored_samples
 from rlbus.consumers.trainer.policy import load_policy
 from rlbus.consumers.trainer.sft import train_sft
 from rlbus.consumers.trainer.step import Trainer
+from rlbus.environment import Scorer, load_environment
 from rlbus.launch import recipe
 from rlbus.launch.local_sink import local_sink
 from rlbus.launch.supervisor import LocalRun
-from rlbus.producers.environment import Scorer, load_environment
 from rlbus.schemas import RolloutCompleted, TrainSample, masks
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 from rlbus.ui.charts import Series

@@ -2,7 +2,7 @@
 runtimes, in alternating trials of one run. The program: a small Python agent (standard library
 only, started with -S, as the venv's .pth hooks would add ~40 ms of CPU to every start) reads its
 task and calls its model URL twice (draft, then check), on the reverse-text task set, against the
-scripted model server (`rlbus.testing`, a process of its own, so its CPU counts in neither
+scripted model server (`tests/support`, a process of its own, so its CPU counts in neither
 figure). Each trial is the env producer's rollout path without the bus: the real interception
 server, harness and runtime.
 
@@ -28,11 +28,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from rlbus.producers.environment import load_environment
+from rlbus.environment import load_environment
 from rlbus.producers.interception import EvalBackend, InterceptionServer
 from rlbus.producers.rollouts import RolloutRunner
 from rlbus.producers.runtimes import sandbox_problem
-from rlbus.testing import serve_in_child
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/support
+from support import serve_in_child
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 AGENT = """
@@ -98,7 +100,7 @@ async def trial(kind: str, upstream: str, agent: Path, rollouts: int, concurrenc
     )
 
 
-SERVE = "import sys; from rlbus.testing import ScriptedModel, serve; "
+SERVE = "import sys; from rlbus.launch.scripted_model import ScriptedModel, serve; "
 SERVE += "serve(ScriptedModel(record=False), int(sys.argv[1]))"
 
 

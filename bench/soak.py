@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -53,13 +54,15 @@ from rlbus.discovery import local_broker, store_served_elsewhere
 from rlbus.launch.processes import RoleProcess
 from rlbus.launch.supervisor import LocalRun
 from rlbus.schemas import TaskPublished
-from rlbus.testing import serve_in_child
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/support
+from support import serve_in_child
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "reverse_text"
 RUN = "soak-rl"
 EVAL = "soak-eval"
-SERVE = "import sys; from rlbus.testing import ScriptedModel, serve; "
+SERVE = "import sys; from rlbus.launch.scripted_model import ScriptedModel, serve; "
 SERVE += "serve(ScriptedModel(record=False), int(sys.argv[1]))"
 console = Console(width=150)  # logs of unattended runs too
 

@@ -154,7 +154,8 @@ def trl_side(args: argparse.Namespace) -> None:
 
 
 def ensure_trl_venv() -> Path:
-    from rlbus.testing.venvs import own_venv
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/support
+    from support.venvs import own_venv
 
     # torch first, pinned: from local disk a CPU build; a looser pin would pull CUDA wheels.
     return own_venv(VENV, [["torch==2.13.0"], TRL_PACKAGES], "import trl")
@@ -165,7 +166,7 @@ class Task:
 
     def __init__(self, name: str, eval_tasks: int):
         from rlbus.consumers.orchestrator.task_draw import held_out
-        from rlbus.producers.environment.loader import load_environment
+        from rlbus.environment.loader import load_environment
 
         self.name = name
         self.dir = ROOT / "examples" / name
@@ -226,7 +227,7 @@ class Task:
 
     def held_out_reward(self, text: str, answer: str) -> float:
         if self.name == "reverse_text":
-            from rlbus.producers.environment.reverse_text import lcs_ratio
+            from rlbus.environment.reverse_text import lcs_ratio
 
             return lcs_ratio(text.strip(), answer)
         return self.env.taskset.correct(text=text, answer=answer)

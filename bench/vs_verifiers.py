@@ -42,12 +42,14 @@ from typing import Any
 
 from rlbus.config import Settings, load_settings
 from rlbus.discovery import local_broker
+from rlbus.environment import Environment, load_environment
 from rlbus.launch.eval import run_eval
 from rlbus.launch.local_sink import local_sink
-from rlbus.producers.environment import Environment, load_environment
 from rlbus.producers.runtimes import sandbox_problem
-from rlbus.testing import CpuMeter, TreeCpuSampler, own_cpu, serve_in_child
-from rlbus.testing.venvs import own_venv
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/support
+from support import CpuMeter, TreeCpuSampler, own_cpu, serve_in_child
+from support.venvs import own_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 ENVS = ROOT / "examples" / "verifiers"
@@ -76,7 +78,7 @@ print(json.loads(connection.getresponse().read())["choices"][0]["message"]["cont
 SERVE = """
 import sys
 from rlbus.schemas.chat import text_of
-from rlbus.testing import ScriptedModel, serve
+from support import ScriptedModel, serve
 
 def chat(messages, tools):
     # The last user message's last word, reversed (the few-shot example comes first).

@@ -1,7 +1,7 @@
 """The OpenAI chat-completions wire format, written once: the request as a typed struct, the
 response body, streamed chunks as server-sent events, usage and error bodies, the model list.
 
-The inference server, the interception server and the scripted test server (`rlbus.testing`)
+The inference server, the interception server and the scripted test server (`tests/support`)
 all speak it through this module and add only what is theirs: the inference server its
 log-probs, token ids and policy versions, the interception server its Request/WireFormat
 adapter. Pure functions and structs, no I/O.

@@ -16,7 +16,7 @@ from rlbus.bus import Bus, Delivery
 from rlbus.bus.announcements import follow_announcements
 from rlbus.clients.replicas import Roster
 from rlbus.config import Settings
-from rlbus.producers.environment.loader import Environment
+from rlbus.environment.loader import Environment
 from rlbus.producers.interception import InterceptionServer, TokenBackend
 from rlbus.producers.rollouts import RolloutRunner, trace_parents
 from rlbus.schemas import TaskPublished, group_of

@@ -17,7 +17,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
 from rlbus.bus import telemetry
-from rlbus.producers.environment.loader import Environment
+from rlbus.environment.loader import Environment
 from rlbus.producers.harnesses import Harness, HarnessError, Rollout, make_harness
 from rlbus.producers.interception.calls import UpstreamError
 from rlbus.producers.interception.server import InterceptionServer

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from isolated import isolated_settings
+from support.isolated import isolated_settings
 
 from rlbus.bus import EmbeddedBroker
 from rlbus.config import Settings
@@ -30,7 +30,7 @@ def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face directory (bpe_model.smollm2_dir: cached)."""
-    from bpe_model import smollm2_dir as imported
+    from support.bpe_model import smollm2_dir as imported
 
     return imported()
 

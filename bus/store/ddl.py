@@ -2,7 +2,7 @@
 
 `python -m rlbus.bus.store.ddl > bus/store/migrations/0001_events.sql` wrote the first
 migration. Later schema changes go into new numbered migrations (ALTER TABLE ... ADD COLUMN);
-tests/test_store_schema.py fails until the migrated tables match the Structs again.
+tests/store/test_store_schema.py fails until the migrated tables match the Structs again.
 """
 
 from __future__ import annotations

@@ -63,7 +63,8 @@ in for them, so any further edit is refused like any other.
 
 0002, 0004, 0005 and 0006 created views; their views moved to bus/store/views (each defined
 once), leaving the tables. A store migrated by the old texts ends up the same once the views
-are re-applied (tests/test_store_views.py migrates one from tests/migrations_before_views)."""
+are re-applied (tests/store/test_store_views.py migrates one from
+tests/store/migrations_before_views)."""
 
 
 class MigrationError(RuntimeError):

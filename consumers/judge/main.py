@@ -20,8 +20,8 @@ from typing import cast
 
 from rlbus.bus import Bus, Delivery, telemetry
 from rlbus.config import Settings
-from rlbus.producers.environment.loader import Environment
-from rlbus.producers.environment.scoring import Scorer
+from rlbus.environment.loader import Environment
+from rlbus.environment.scoring import Scorer
 from rlbus.schemas import RolloutCompleted, group_of
 
 log = logging.getLogger(__name__)

@@ -1,75 +1,24 @@
-"""Algorithm registry: how a scored group becomes per-token advantages and loss masks.
-
-    @algorithm("my-algo")
-    class MyAlgo(Algorithm):
-        async def samples(self, group: list[GroupMember]) -> list[TrainSample]: ...
-
-and `algorithm = "my-algo"` in an environment's entry of the run config. The trainer never
-learns which algorithm made a sample: it sees mask codes (rlbus.schemas.masks), advantages
-and log-probs.
-"""
+"""The built-in algorithms (grpo, sft, echo, opd, self-distill), registered through the
+environment layer's hook (`rlbus.environment.algorithm`), and the registry's lookup."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Sequence
 
 import msgspec
 import numpy as np
 
 from rlbus.config.orchestrator import AlgorithmConfig
-from rlbus.schemas import RolloutCompleted, RolloutScored, TrainSample, masks
+from rlbus.environment.algorithm import (
+    ALGORITHMS,
+    Algorithm,
+    Context,
+    GroupMember,
+    TokenScorer,
+    algorithm,
+)
+from rlbus.schemas import TrainSample, masks
 from rlbus.schemas.packed import logprobs, mask, pack_logprobs, pack_mask, tokens
-
-
-@dataclass
-class GroupMember:
-    """One rollout of a complete group, with its training samples before the algorithm runs
-    (one per trace branch; loss mask 1 on sampled tokens, advantages 0)."""
-
-    scored: RolloutScored
-    rollout: RolloutCompleted
-    samples: list[TrainSample]
-
-
-class TokenScorer(Protocol):
-    async def score(
-        self, prompt_ids: list[int], completion_ids: list[int], temperature: float
-    ) -> list[float]: ...
-
-    async def close(self) -> None: ...
-
-
-@dataclass
-class Context:
-    """What algorithms may need beyond the group."""
-
-    teacher: TokenScorer | None = None
-    encode: Callable[[str], list[int]] | None = None
-    """Text -> token ids with the policy's tokenizer (self-distill's hint)."""
-
-
-class Algorithm:
-    def __init__(self, cfg: AlgorithmConfig, ctx: Context):
-        self.cfg = cfg
-        self.ctx = ctx
-
-    async def samples(self, group: Sequence[GroupMember]) -> list[TrainSample]:
-        raise NotImplementedError
-
-
-ALGORITHMS: dict[str, type[Algorithm]] = {}
-
-
-def algorithm(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
-    def register(cls: type[Algorithm]) -> type[Algorithm]:
-        if name in ALGORITHMS:
-            raise ValueError(f"algorithm {name!r} is registered twice")
-        ALGORITHMS[name] = cls
-        return cls
-
-    return register
 
 
 def make_algorithm(cfg: AlgorithmConfig, ctx: Context | None = None) -> Algorithm:

@@ -16,7 +16,7 @@ from rlbus.consumers.orchestrator.join import Joiner
 from rlbus.consumers.orchestrator.loop import Orchestrator
 from rlbus.consumers.orchestrator.pacing import pacing_for
 from rlbus.consumers.orchestrator.task_draw import Source, TaskSource
-from rlbus.producers.environment import Environment, load_environment
+from rlbus.environment import Environment, load_environment
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

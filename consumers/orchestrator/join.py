@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from rlbus.consumers.orchestrator.algorithms import GroupMember
+from rlbus.environment.algorithm import GroupMember
 from rlbus.schemas import Event, RolloutCompleted, RolloutScored, TokenRecord, TraceNode
 from rlbus.schemas.samples import TraceError, trace_samples
 

@@ -35,14 +35,14 @@ from rlbus.bus.leadership import Leadership
 from rlbus.bus.topic_reader import events_back
 from rlbus.clients.replicas import Roster
 from rlbus.config.orchestrator import OrchestratorConfig
-from rlbus.consumers.orchestrator.algorithms import Algorithm
 from rlbus.consumers.orchestrator.held_out import HeldOut, HeldOutEval
 from rlbus.consumers.orchestrator.holds import HeldRollouts
 from rlbus.consumers.orchestrator.join import Group, Joiner
 from rlbus.consumers.orchestrator.pacing import Pacing, Progress, pacing_for
 from rlbus.consumers.orchestrator.staleness_gate import ReadyGroup, StalenessGate, take_oldest
 from rlbus.consumers.orchestrator.task_draw import TaskSource
-from rlbus.producers.environment.judges import JUDGE_BRANCH
+from rlbus.environment.algorithm import Algorithm
+from rlbus.environment.judges import JUDGE_BRANCH
 from rlbus.schemas import (
     TaskPublished,
     TraceNode,

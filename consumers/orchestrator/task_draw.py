@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from rlbus.producers.environment import Environment
+from rlbus.environment import Environment
 from rlbus.schemas import TaskPublished, derived_id, uuid7
 
 log = logging.getLogger(__name__)

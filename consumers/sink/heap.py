@@ -5,7 +5,7 @@ Struct, its bytes fields) made and freed together, among allocations that live o
 such freed memory in its arenas rather than return it, so the sink's RSS grew with the largest
 polls it had seen: in a 45-minute soak its memory outside ClickHouse's engine rose from 110 to
 150 MB while the engine's stayed flat, and 60,000 large token records left 222-232 MB more
-held (tests/test_sink_heap.py: 68-93 MB with this). `malloc_trim` returns every free page,
+held (tests/store/test_sink_heap.py: 68-93 MB with this). `malloc_trim` returns every free page,
 in 4-7 ms over a fragmented heap of a few hundred MB; Arrow's pool is asked to release its
 unused memory too. Other C libraries (musl, macOS) have no malloc_trim: nothing is done there.
 """

@@ -6,8 +6,8 @@ import re
 
 import reasoning_gym
 
-from rlbus.producers.environment import TaskSet, metric, reward
-from rlbus.producers.task_sources.sources import reasoning_gym as reasoning_gym_rows
+from rlbus.environment import TaskSet, metric, reward
+from rlbus.environment.task_sources.sources import reasoning_gym as reasoning_gym_rows
 
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import string
 
-from rlbus.producers.environment import TaskSet, reward
+from rlbus.environment import TaskSet, reward
 from rlbus.schemas import derived_id
 
 LETTERS = string.ascii_lowercase

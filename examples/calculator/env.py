@@ -6,8 +6,8 @@ from __future__ import annotations
 import ast
 import operator
 
-from rlbus.producers.environment import TaskSet, metric, reward, tool
-from rlbus.producers.task_sources.sources import reasoning_gym
+from rlbus.environment import TaskSet, metric, reward, tool
+from rlbus.environment.task_sources.sources import reasoning_gym
 
 _OPS = {
     ast.Add: operator.add,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import re
 
-from rlbus.producers.environment import TaskSet, metric, reward, user
+from rlbus.environment import TaskSet, metric, reward, user
 from rlbus.schemas import derived_id
 
 NUMBER = re.compile(r"-?\d+")

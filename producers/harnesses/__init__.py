@@ -1,6 +1,6 @@
 """Harnesses: how the model acts in a rollout (single chat turn, tool loop, any program)."""
 
-from rlbus.producers.environment.loader import Environment
+from rlbus.environment.loader import Environment
 from rlbus.producers.harnesses.base import Harness, HarnessError, Rollout
 from rlbus.producers.harnesses.chat_loop import ChatHarness
 from rlbus.producers.harnesses.command import CommandHarness

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rlbus.producers.environment.loader import Environment
+from rlbus.environment.loader import Environment
 from rlbus.producers.interception.server import RolloutSession
 from rlbus.producers.runtimes.base import Sandbox
 from rlbus.schemas import Messages, TaskPublished

@@ -13,7 +13,7 @@ from typing import Any
 import pydantic
 
 from rlbus.config.env import McpServerConfig
-from rlbus.producers.environment.rules import Rule
+from rlbus.environment.rules import Rule
 from rlbus.producers.harnesses.base import Rollout
 
 Call = Callable[[dict[str, Any], Rollout], Awaitable[str]]

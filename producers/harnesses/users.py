@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import openai
 
 from rlbus.config.env import UserModelConfig
-from rlbus.producers.environment.rules import Rule
+from rlbus.environment.rules import Rule
 from rlbus.producers.harnesses.base import Rollout
 from rlbus.schemas import Messages
 from rlbus.schemas.chat import text_of

@@ -20,9 +20,9 @@ from rlbus.commands.common import (
 from rlbus.config import ConfigError
 from rlbus.config.env import cli_overrides
 from rlbus.console import console
+from rlbus.environment import Environment, load_environment
 from rlbus.launch.eval import EvalError, EvalResult, run_eval
-from rlbus.producers.environment import Environment, load_environment
-from rlbus.producers.eval_summary import EvalSummary
+from rlbus.launch.eval_summary import EvalSummary
 
 EnvArgument = Annotated[
     str,

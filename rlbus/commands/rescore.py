@@ -11,8 +11,8 @@ from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, exits
 from rlbus.commands.eval import EnvArgument, render_report
 from rlbus.config import ConfigError
 from rlbus.console import console
+from rlbus.environment import load_environment
 from rlbus.launch.rescore import RescoreError, rescore
-from rlbus.producers.environment import load_environment
 
 
 def rescore_command(

@@ -20,9 +20,9 @@ from rlbus.commands.common import (
 )
 from rlbus.console import console, progress
 from rlbus.discovery import require_bootstrap
+from rlbus.environment.task_sources import TaskSourceError, load_tasks
+from rlbus.environment.task_sources.publish import publish_tasks
 from rlbus.launch.collector import steady_collector
-from rlbus.producers.task_sources import TaskSourceError, load_tasks
-from rlbus.producers.task_sources.publish import publish_tasks
 
 tasks_app = typer.Typer(help="Publish tasks for environments.", no_args_is_help=True)
 

@@ -87,7 +87,7 @@ def env(
 ) -> None:
     """Env producer: consume `tasks` of ENV, run each task's group, publish traces, tokens and
     rollouts."""
-    from rlbus.producers.environment import load_environment
+    from rlbus.environment import load_environment
     from rlbus.producers.main import run as run_env_producer
 
     settings = _settings(ctx, config, "env")
@@ -118,7 +118,7 @@ def judge(
     """Judge: consume `rollouts` of the given environments, publish `scored` (group rewards once
     a group is complete)."""
     from rlbus.consumers.judge.main import run as run_judge
-    from rlbus.producers.environment import load_environment
+    from rlbus.environment import load_environment
 
     # ENV... takes every word the options parser leaves, overrides included: they begin at the
     # first word that starts with "--".

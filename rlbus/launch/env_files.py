@@ -11,7 +11,7 @@ import tomli_w
 
 from rlbus.config import deep_merge
 from rlbus.config.orchestrator import EnvEntry
-from rlbus.producers.environment.loader import ENV_FILE, read_env_table
+from rlbus.environment.loader import ENV_FILE, read_env_table
 
 
 def env_file(

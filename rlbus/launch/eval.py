@@ -16,17 +16,17 @@ from rlbus.bus.store import open_store
 from rlbus.config import Settings
 from rlbus.console import progress
 from rlbus.discovery import local_broker
+from rlbus.environment import Environment
 from rlbus.launch.collector import steady_collector
-from rlbus.launch.local_sink import LocalSink, local_sink
-from rlbus.producers.environment import Environment
-from rlbus.producers.eval_summary import (
+from rlbus.launch.eval_pipeline import EvalPipeline, Tally
+from rlbus.launch.eval_summary import (
     EvalSummary,
     landed_scores_sql,
     latest_run,
     read_eval_summary,
     scored_tasks,
 )
-from rlbus.producers.evaluation import EvalPipeline, Tally
+from rlbus.launch.local_sink import LocalSink, local_sink
 from rlbus.producers.interception import InterceptionServer
 from rlbus.producers.rollouts import RolloutRunner
 from rlbus.schemas import TaskPublished, derived_id

@@ -26,16 +26,16 @@ from rlbus.config import Settings, data_dir, deep_merge, load_settings
 from rlbus.config.runs import ReplayConfig, RunConfig
 from rlbus.console import console, progress
 from rlbus.discovery import local_broker
+from rlbus.environment import load_environment
+from rlbus.environment.task_sources.publish import publish_tasks
 from rlbus.launch import recipe
 from rlbus.launch.local_sink import LocalSink, local_sink
 from rlbus.launch.replay_sft import Selection, replay_sft
 from rlbus.launch.supervisor import LocalRun, banner
-from rlbus.producers.environment import load_environment
-from rlbus.producers.task_sources.publish import publish_tasks
 from rlbus.schemas import TOPICS
 
 ENV = "reverse_text"
-OWN_MODEL_ENV = "rlbus.producers.environment.reverse_text:ReverseText"
+OWN_MODEL_ENV = "rlbus.environment.reverse_text:ReverseText"
 """A model of one's own is asked with reverse_text's instruction (the terse task set's bare
 word means nothing to a model that has not learned it)."""
 

@@ -1,5 +1,5 @@
 """The tiny-model learning recipe, through the event log (`rlbus quickstart` runs it;
-bench/learning.py and tests/test_learning.py too):
+bench/learning.py and tests/trainer/test_learning.py too):
 
 1. a tiny model from `rlbus model init` with a chat template without role headers;
 2. a scripted teacher (the right answer, token in / token out) answers training tasks through
@@ -27,16 +27,16 @@ from rlbus.config import Settings, data_dir, deep_merge
 from rlbus.config.orchestrator import OrchestratorConfig
 from rlbus.consumers.judge.main import run as run_judge
 from rlbus.consumers.orchestrator.task_draw import Source, TaskSource
+from rlbus.environment import Environment, load_environment
+from rlbus.launch.eval_summary import landed_scores_sql
 from rlbus.launch.local_sink import LocalSink
 from rlbus.launch.processes import RoleProcess, alive
+from rlbus.launch.scripted_model import ScriptedModel, ScriptedServer
 from rlbus.launch.supervisor import thread_env
-from rlbus.producers.environment import Environment, load_environment
-from rlbus.producers.eval_summary import landed_scores_sql
 from rlbus.producers.main import run as run_env_producer
 from rlbus.schemas import TaskPublished
-from rlbus.testing.scripted_server import ScriptedModel, ScriptedServer
 
-TERSE_ENV = "rlbus.producers.environment.reverse_text:TerseReverseText"
+TERSE_ENV = "rlbus.environment.reverse_text:TerseReverseText"
 """reverse_text with the bare word as the user turn: what the tiny model learns."""
 IM_END = 258
 """<|im_end|> of the byte tokenizer (`rlbus model init`): ends an assistant turn."""

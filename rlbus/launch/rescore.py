@@ -26,11 +26,11 @@ from rlbus.bus.store.sqltext import SqlTextError, Tok, tokens
 from rlbus.config import Settings
 from rlbus.console import progress
 from rlbus.discovery import local_broker
+from rlbus.environment import Environment, Scorer
 from rlbus.launch.collector import steady_collector
+from rlbus.launch.eval_pipeline import Tally
+from rlbus.launch.eval_summary import EvalSummary, read_eval_summary
 from rlbus.launch.local_sink import local_sink
-from rlbus.producers.environment import Environment, Scorer
-from rlbus.producers.eval_summary import EvalSummary, read_eval_summary
-from rlbus.producers.evaluation import Tally
 from rlbus.schemas import RolloutCompleted
 
 VERSION_SCORES = (

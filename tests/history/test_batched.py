@@ -9,8 +9,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from factories import make_event
 from store_helpers import broker_settings, sink_until
+from support.factories import make_event
 
 from rlbus.bus import Bus, EmbeddedBroker
 from rlbus.bus.store import Store, open_store

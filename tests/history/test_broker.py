@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.pids import alive
 
 from rlbus.bus import Bus, EmbeddedBroker
 from rlbus.bus.waiting import wait_for
@@ -23,7 +24,6 @@ from rlbus.discovery import BROKER_FILE, store_served_elsewhere
 from rlbus.launch.local_sink import LocalSink
 from rlbus.launch.processes import RoleProcess
 from rlbus.schemas import Event, TaskPublished
-from rlbus.testing.pids import alive
 
 
 def children(pid: int) -> list[int]:

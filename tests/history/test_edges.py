@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from support import ScriptedServer
 from typer.testing import CliRunner
 
 from rlbus.bus import Bus, Delivery
@@ -15,10 +16,9 @@ from rlbus.cli import app
 from rlbus.config import Settings, settings_env
 from rlbus.config.env import cli_overrides
 from rlbus.consumers.judge.main import run as run_judge
-from rlbus.producers.environment import load_environment
+from rlbus.environment import load_environment
 from rlbus.producers.main import run as run_env_producer
 from rlbus.schemas import DeadLetter, RolloutCompleted, RolloutScored, TaskPublished
-from rlbus.testing import ScriptedServer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reverse_text"
 

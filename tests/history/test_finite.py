@@ -16,7 +16,7 @@ import torch
 from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.trainer.session import open_session
-from rlbus.producers.environment import Scorer, TaskSet, group_reward, load_environment, reward
+from rlbus.environment import Scorer, TaskSet, group_reward, load_environment, reward
 from rlbus.schemas import RolloutCompleted, RolloutScored, TrainSample, masks
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 

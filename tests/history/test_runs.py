@@ -8,18 +8,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from isolated import isolated_settings, running_sink
+from support import ScriptedModel, ScriptedServer
+from support.isolated import isolated_settings, running_sink
 
 from rlbus.bus import Bus, EmbeddedBroker
 from rlbus.bus.store import open_store
 from rlbus.bus.waiting import wait_until
 from rlbus.config import Settings
 from rlbus.config.env import cli_overrides
+from rlbus.environment import load_environment
 from rlbus.launch.eval import run_eval
-from rlbus.producers.environment import load_environment
 from rlbus.producers.main import run as run_env_producer
 from rlbus.schemas import TaskPublished
-from rlbus.testing import ScriptedModel, ScriptedServer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reverse_text"
 

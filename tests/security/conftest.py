@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
-from rlbus.testing import ScriptedServer
+from support import ScriptedServer
 
 
 @pytest.fixture(scope="module")

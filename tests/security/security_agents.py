@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlbus.producers.environment import load_environment
+from rlbus.environment import load_environment
 from rlbus.producers.interception import EvalBackend, InterceptionServer
 from rlbus.producers.rollouts import RolloutOutput, RolloutRunner
 
 TASKSET = """
-from rlbus.producers.environment import TaskSet, reward
+from rlbus.environment import TaskSet, reward
 
 class Probe(TaskSet):
     name = "probe"

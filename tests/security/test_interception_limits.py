@@ -15,10 +15,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support import ScriptedServer
 
 from rlbus.config.env import ModelConfig
 from rlbus.producers.interception import EvalBackend, InterceptionServer
-from rlbus.testing import ScriptedServer
 
 SERVE = """
 import asyncio, sys

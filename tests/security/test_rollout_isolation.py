@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from security_agents import report, run_agent
+from support import ScriptedServer
 
 from rlbus.bus import EmbeddedBroker
-from rlbus.testing import ScriptedServer
 
 STEAL = """
 own = os.environ["OPENAI_BASE_URL"].removesuffix("/v1")

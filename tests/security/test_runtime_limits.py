@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 from security_agents import kill_all, processes_with, report, run_agent
-
-from rlbus.testing import ScriptedServer
+from support import ScriptedServer
 
 RUNTIMES = [pytest.param({"kind": "subprocess"}, id="subprocess"), pytest.param({}, id="default")]
 
