@@ -35,8 +35,7 @@ from rlbus.bus.store.client import block_token
 from rlbus.bus.subscribers import deliveries_of
 from rlbus.bus.waiting import wait_for
 from rlbus.config import Settings, load_settings
-from rlbus.consumers.sink import Sink
-from rlbus.consumers.sink.sink import messages_of, storable
+from rlbus.consumers.sink.sink import Sink, messages_of, storable
 from rlbus.discovery import store_served_elsewhere
 from rlbus.launch.collector import steady_collector
 from rlbus.launch.processes import RoleProcess, alive

@@ -39,8 +39,8 @@ from support import CpuMeter, own_cpu, serve_in_child
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "reverse_text"
 
 
-SERVE = "import sys; from rlbus.launch.scripted_model import ScriptedModel, serve; "
-SERVE += "serve(ScriptedModel(record=False), int(sys.argv[1]))"
+SERVE = "import sys; from rlbus.launch.scripted_model import ScriptedModel, serve_scripted; "
+SERVE += "serve_scripted(ScriptedModel(record=False), int(sys.argv[1]))"
 
 
 async def plain_loop(url: str, prompts: list[list[dict]], concurrency: int) -> tuple[float, float]:

@@ -48,7 +48,7 @@ from rlbus.bus import Bus
 from rlbus.bus.store import open_store
 from rlbus.bus.store.holder import holder_pid
 from rlbus.bus.waiting import wait_for
-from rlbus.config import Settings, data_dir, load_settings, settings_env
+from rlbus.config import Settings, data_dir, load_settings, settings_variables
 from rlbus.config.runs import RunConfig, load_run_config
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.discovery import local_broker, store_served_elsewhere
@@ -421,7 +421,7 @@ def subprocess_publish(settings: Settings, tasks: list[TaskPublished]) -> subpro
         "tasks = msgspec.json.decode(sys.stdin.buffer.read(), type=list[TaskPublished])\n"
         "asyncio.run(publish(load_settings(), tasks))\n"
     )
-    env = {**os.environ, **settings_env(settings)}
+    env = {**os.environ, **settings_variables(settings)}
     process = subprocess.Popen(
         [sys.executable, "-c", code, str(Path(__file__).parent)], stdin=subprocess.PIPE, env=env
     )

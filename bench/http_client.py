@@ -29,7 +29,7 @@ from rich.table import Table
 
 from rlbus.bus import free_port
 from rlbus.bus.waiting import wait_for
-from rlbus.clients.inference import InferenceClient, healthy
+from rlbus.clients.inference_client import InferenceClient, healthy
 from rlbus.clients.token_api import GenerateRequest, SamplingParams
 
 SERVER = """

@@ -100,8 +100,8 @@ async def trial(kind: str, upstream: str, agent: Path, rollouts: int, concurrenc
     )
 
 
-SERVE = "import sys; from rlbus.launch.scripted_model import ScriptedModel, serve; "
-SERVE += "serve(ScriptedModel(record=False), int(sys.argv[1]))"
+SERVE = "import sys; from rlbus.launch.scripted_model import ScriptedModel, serve_scripted; "
+SERVE += "serve_scripted(ScriptedModel(record=False), int(sys.argv[1]))"
 
 
 def main() -> None:

@@ -62,8 +62,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "reverse_text"
 RUN = "soak-rl"
 EVAL = "soak-eval"
-SERVE = "import sys; from rlbus.launch.scripted_model import ScriptedModel, serve; "
-SERVE += "serve(ScriptedModel(record=False), int(sys.argv[1]))"
+SERVE = "import sys; from rlbus.launch.scripted_model import ScriptedModel, serve_scripted; "
+SERVE += "serve_scripted(ScriptedModel(record=False), int(sys.argv[1]))"
 console = Console(width=150)  # logs of unattended runs too
 
 

@@ -165,7 +165,7 @@ class Task:
     """The environment, its split and its scores, as both sides and the evaluation see them."""
 
     def __init__(self, name: str, eval_tasks: int):
-        from rlbus.consumers.orchestrator.task_draw import held_out
+        from rlbus.consumers.orchestrator.task_draw import is_held_out
         from rlbus.environment.loader import load_environment
 
         self.name = name
@@ -173,17 +173,17 @@ class Task:
         self.env = load_environment(str(self.dir / "env.toml"))
         tasks = self.env.tasks("")
         self.held_out = list(
-            tasks.select(lambda t: held_out(t.task_id, HELD_OUT_FRACTION)).take(eval_tasks)
+            tasks.select(lambda t: is_held_out(t.task_id, HELD_OUT_FRACTION)).take(eval_tasks)
         )
         self.by_id = {t.task_id: t for t in self.env.tasks("")}
 
     def train_rows(self) -> list[dict[str, Any]]:
-        from rlbus.consumers.orchestrator.task_draw import held_out
+        from rlbus.consumers.orchestrator.task_draw import is_held_out
 
         return [
             {"prompt": self.env.taskset.messages(t), "answer": t.answer, "task_id": t.task_id}
             for t in self.by_id.values()
-            if not held_out(t.task_id, HELD_OUT_FRACTION)
+            if not is_held_out(t.task_id, HELD_OUT_FRACTION)
         ]
 
     def rewards(self, texts: list[str], task_ids: list[str], group_size: int) -> list[float]:

@@ -78,14 +78,14 @@ print(json.loads(connection.getresponse().read())["choices"][0]["message"]["cont
 SERVE = """
 import sys
 from rlbus.schemas.chat import text_of
-from support import ScriptedModel, serve
+from support import ScriptedModel, serve_scripted
 
 def chat(messages, tools):
     # The last user message's last word, reversed (the few-shot example comes first).
     user = next(m for m in reversed(messages) if m.get("role") == "user")
     return {"content": text_of(user.get("content")).split()[-1][::-1]}
 
-serve(ScriptedModel(chat=chat, record=False), int(sys.argv[1]))
+serve_scripted(ScriptedModel(chat=chat, record=False), int(sys.argv[1]))
 """
 
 

@@ -1,8 +1,9 @@
 """Which partition a keyed message goes to: Kafka's default choice (the Java client's and
 aiokafka's), murmur2 of the key, positive, modulo the topic's partition count; so rlbus's
 messages land where any other Kafka client would put the same key. aiokafka's murmur2 is
-pure Python that assembles each 4-byte word from single bytes: a fifth of what publishing a
-message cost (bench/bus.py). This one reads the words in one struct call."""
+pure Python that assembles each 4-byte word from single bytes, a large share of what
+publishing a message cost (bench/bus.py; the figures are in docs/benchmarks.md). This one reads
+the words in one struct call."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ TOPIC = "progress"
 """Not an event topic: the sink does not store it; it is bookkeeping of consumer groups."""
 
 
-class Progress(msgspec.Struct, frozen=True):
+class PartitionProgress(msgspec.Struct, frozen=True):
     group: str
     topic: str
     """The topic's name on the broker (prefixed)."""
@@ -39,7 +39,7 @@ class Progress(msgspec.Struct, frozen=True):
         return offset < self.upto and offset not in self.unfinished
 
 
-_decoder = msgspec.msgpack.Decoder(Progress)
+_decoder = msgspec.msgpack.Decoder(PartitionProgress)
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -47,13 +47,13 @@ def key(group: str, tp: TopicPartition) -> bytes:
     return f"{group}/{tp.topic}/{tp.partition}".encode()
 
 
-def encode(progress: Progress) -> bytes:
+def encode_progress(progress: PartitionProgress) -> bytes:
     return _encoder.encode(progress)
 
 
-async def latest(bus: Bus, group: str) -> dict[TopicPartition, Progress]:
+async def latest(bus: Bus, group: str) -> dict[TopicPartition, PartitionProgress]:
     """The newest progress record of each partition of `group`."""
-    found: dict[TopicPartition, Progress] = {}
+    found: dict[TopicPartition, PartitionProgress] = {}
     for record in await read_records(bus, TOPIC):
         try:
             progress = _decoder.decode(record.value or b"")

@@ -17,7 +17,7 @@ from rlbus.bus import telemetry
 from rlbus.bus.claim_check import ClaimStore
 from rlbus.bus.connection import client_options
 from rlbus.bus.partitioner import partition_of
-from rlbus.bus.records import Headers, messages_of, to_batch_message
+from rlbus.bus.records import Headers, events_by_message, to_batch_message
 from rlbus.config import KafkaConfig
 from rlbus.schemas import Event, topic_of
 
@@ -103,7 +103,7 @@ class Publisher:
         self, events: Sequence[Event], parents: Mapping[str, Context | None] | None = None
     ) -> None:
         """Publish events (any topics) and wait until the broker acknowledged all of them. On a
-        batched topic, the events of one key travel as one message (records.messages_of).
+        batched topic, the events of one key travel as one message (records.events_by_message).
         `parents`: the trace context to publish an event in, by event id (default: the
         current one), so events published together still join their own rollouts' traces; a
         message is published in its first event's."""
@@ -114,7 +114,7 @@ class Publisher:
         await self.topics.ensure({topic_of(e).name for e in events})
         futures = []
         traced = telemetry.enabled()
-        for message in messages_of(events):
+        for message in events_by_message(events):
             if not traced:  # the hot path: no span machinery per message when nobody collects
                 futures.append(await self._send(producer, message))
                 continue

@@ -34,7 +34,7 @@ class Message:
 _MSGPACK = codec.MSGPACK.encode()
 
 
-def messages_of(events: Sequence[Event]) -> list[list[Event]]:
+def events_by_message(events: Sequence[Event]) -> list[list[Event]]:
     """The events of one publish as messages, in order of first appearance: on a batched topic
     one message per key (a rollout's trace nodes together), elsewhere one per event."""
     out: list[list[Event]] = []

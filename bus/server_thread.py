@@ -21,8 +21,8 @@ from rlbus.bus.waiting import wait_for
 def listening_socket(host: str, port: int) -> socket.socket:
     """A TCP socket listening on host:port (0: a free port) for uvicorn to serve, so its URL
     is known before the first request. IPPROTO_TCP is named so that asyncio sets TCP_NODELAY on
-    each connection: without it a kept-alive connection waits ~40 ms (Nagle against the
-    client's delayed ACK) between a response's headers and its body."""
+    each connection: without it a kept-alive connection waits out the client's delayed-ACK
+    timer (Nagle's algorithm holds the body back) between a response's headers and its body."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

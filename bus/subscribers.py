@@ -30,7 +30,7 @@ from rlbus.bus.commits import COMMIT_TIMEOUT_S, Holds, Offsets, Polled
 from rlbus.bus.connection import client_options
 from rlbus.bus.membership import group_options, leave_first_generation, session_refused
 from rlbus.bus.middleware import DeadLetters, SeenIds, traced
-from rlbus.bus.progress import Progress
+from rlbus.bus.progress import PartitionProgress
 from rlbus.bus.records import from_record
 from rlbus.schemas import BY_NAME, Event
 
@@ -133,7 +133,7 @@ class Subscriber(Generic[H]):
         self.max_records = max_records or bus.kafka.fetch_max_records
         self.poll_timeout_ms = poll_timeout_ms
         self.seen = SeenIds() if dedup else None
-        self.finished_before: dict[TopicPartition, Progress] = {}
+        self.finished_before: dict[TopicPartition, PartitionProgress] = {}
         """What an earlier member of the group finished past its commits (event subscribers)."""
         self.on_error = on_error
         self.serves = run
@@ -359,9 +359,9 @@ class EventSubscriber(Subscriber[EventHandler]):
         """Also record, per partition, what is still running below what was taken (bus.progress),
         before the commit that stops short of it."""
         for tp, upto, unfinished in offsets.unfinished():
-            entry = Progress(self.group, tp.topic, tp.partition, upto, unfinished)
+            entry = PartitionProgress(self.group, tp.topic, tp.partition, upto, unfinished)
             await self.bus.publish_raw(
-                progress.TOPIC, progress.encode(entry), key=progress.key(self.group, tp)
+                progress.TOPIC, progress.encode_progress(entry), key=progress.key(self.group, tp)
             )
         await super()._commit(offsets)
 

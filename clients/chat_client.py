@@ -81,7 +81,8 @@ class ChatClient:
         api_key = os.environ.get(api_key_env) or "rlbus-local"
         self._headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
         # Streams and the model list go through the openai client, on its aiohttp stack: its
-        # default httpx transport cost `rlbus eval` a third of its rate (bench/eval.py).
+        # default httpx transport cost `rlbus eval` much of its rate (bench/eval.py; the
+        # figure is in docs/benchmarks.md).
         self.client = openai.AsyncOpenAI(
             base_url=base_url,
             timeout=timeout_s,
@@ -241,8 +242,8 @@ class ChatClient:
         """POST encoded JSON and return the answer's bytes, sent again (with backoff) after a
         connection failure, a timeout, a 5xx or a status in RETRIED_STATUSES, up to
         `max_retries` times. A whole completion goes out on aiohttp directly: the openai
-        client's request and response machinery cost 1.0-1.3 ms of CPU per call against an
-        instant server, aiohttp alone 0.26 ms."""
+        client's request and response machinery costs several times aiohttp's own CPU per
+        call (docs/benchmarks.md has the figures)."""
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s)

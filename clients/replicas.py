@@ -26,7 +26,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from rlbus.clients.inference import InferenceClient, InferenceError
+from rlbus.clients.inference_client import InferenceClient, InferenceError
 from rlbus.clients.token_api import Delta, GenerateResult, SamplingParams
 from rlbus.config import KafkaConfig
 from rlbus.schemas import WeightLoaded
@@ -46,7 +46,7 @@ def normal_url(url: str) -> str:
 
 
 @dataclass
-class Announced:
+class ReplicaAnnouncement:
     """What one replica last said of itself."""
 
     url: str
@@ -62,7 +62,7 @@ class Roster:
     def __init__(self, announce_every_s: float = KafkaConfig().announce_every_s):
         """`announce_every_s`: how often replicas re-announce (kafka.announce_every_s)."""
         self.ttl_s = LIVE_ANNOUNCEMENTS * announce_every_s
-        self.replicas: dict[str, Announced] = {}
+        self.replicas: dict[str, ReplicaAnnouncement] = {}
         """By worker id."""
 
     def heard(self, loaded: WeightLoaded, at: float) -> None:
@@ -71,11 +71,11 @@ class Roster:
         known = self.replicas.get(loaded.worker_id)
         if known is not None and at < known.heard_at:
             return
-        self.replicas[loaded.worker_id] = Announced(
+        self.replicas[loaded.worker_id] = ReplicaAnnouncement(
             normal_url(loaded.url), loaded.worker_id, loaded.version, at
         )
 
-    def live(self, now: float | None = None) -> list[Announced]:
+    def live(self, now: float | None = None) -> list[ReplicaAnnouncement]:
         now = time.time() if now is None else now
         return [r for r in self.replicas.values() if now - r.heard_at <= self.ttl_s]
 

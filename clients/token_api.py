@@ -3,7 +3,7 @@ sampled ids and log-probs out; with `stream`, server-sent events: a `delta` per 
 then the `result`) and POST /v1/score (log-probs of given ids, prefill only).
 
 The server decodes the requests and encodes the results with these structs; the client
-(`rlbus.clients.inference`) decodes the results with them; backends return them.
+(`rlbus.clients.inference_client`) decodes the results with them; backends return them.
 """
 
 from __future__ import annotations

@@ -3,10 +3,9 @@ download). Full credit for the exact reversal, partial credit by longest common 
 and (as a group reward) a bonus for the most concise correct answer of a group.
 
 `TerseReverseText` is the same task set with the bare word as the user turn: what a tiny model
-from `rlbus model init` learns in minutes on a CPU (`rlbus quickstart`). Measured
-(examples/reverse_text/RESULTS.md): with ~25 constant tokens (instruction + chat headers)
-before the word, a 0.9M-parameter model's SFT loss stays near 2.8 nats/token after 600-1200
-steps; with the word alone it falls to 0.2 within 100 steps."""
+from `rlbus model init` learns in minutes on a CPU (`rlbus quickstart`): with the instruction
+and chat headers before the word, such a model's SFT loss hardly falls, with the word alone it
+falls within a hundred steps (examples/reverse_text/RESULTS.md has the losses)."""
 
 from __future__ import annotations
 

@@ -44,7 +44,8 @@ def _kind_type(topic: Topic) -> Any:
 @cache
 def _msgpack_decoder(topic_name: str, many: bool = False) -> msgspec.msgpack.Decoder:
     """One event of the topic, or (`many`: a batched topic's message, encode_many) an array of
-    them. Two decoders, chosen by the first byte: a union of both decodes 3x slower."""
+    them. Two decoders, chosen by the first byte: a union of both decodes several times slower
+    (docs/benchmarks.md)."""
     kind = _kind_type(BY_NAME[topic_name])
     return msgspec.msgpack.Decoder(GenericAlias(list, (kind,)) if many else kind)
 

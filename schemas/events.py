@@ -43,7 +43,7 @@ class Event(msgspec.Struct, tag_field="kind", tag=True, kw_only=True, gc=False):
 
     `gc=False`: an event never refers back to itself, so the garbage collector need not track
     it; the sink holds tens of thousands per batch, and tracking them made collections scan
-    them all (about 15% of the sink's time per row)."""
+    them all (a share of the sink's time per row docs/benchmarks.md records)."""
 
     table: ClassVar[str]
     order_by: ClassVar[tuple[str, ...]] = ("event_id",)

@@ -1,7 +1,8 @@
 """Token ids and log-probs travel as packed little-endian bytes; numpy gives zero-copy views.
 
-Packed arrays encode far faster than msgpack lists of numbers (FACTS.md measures both), and
-the store turns the same bytes into Array(UInt32)/Array(Float32).
+Packed arrays are smaller than msgpack lists of numbers and decode without making a Python
+number per element (docs/benchmarks.md measures both), and the store turns the same bytes into
+Array(UInt32)/Array(Float32).
 """
 
 from __future__ import annotations

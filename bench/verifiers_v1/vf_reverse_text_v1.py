@@ -13,7 +13,8 @@ __all__ = ["ReverseTextTaskset"]
 
 
 def lcs_ratio(a: str, b: str) -> float:
-    """2 * |LCS(a, b)| / (|a| + |b|), as examples/reverse_text/env.py scores it."""
+    """2 * |LCS(a, b)| / (|a| + |b|), as rlbus's built-in reverse_text scores it
+    (environment/reverse_text.py)."""
     if not a and not b:
         return 1.0
     row = [0] * (len(b) + 1)

@@ -34,7 +34,7 @@ from rlbus.bus.store.arrow import arrow_to_events, events_to_arrow
 from rlbus.bus.store.columns import columns_of
 from rlbus.bus.store.endpoint import StoreEndpoint
 from rlbus.bus.store.guard import Guard, Refused, check_settings
-from rlbus.bus.store.holder import ENDPOINT_FILE, Announced, holder_pid, read_endpoint
+from rlbus.bus.store.holder import ENDPOINT_FILE, AnnouncedEndpoint, holder_pid, read_endpoint
 from rlbus.bus.store.migrate import migrate
 from rlbus.bus.store.sqltext import quote, read_only_problem, trailing_format
 from rlbus.config.secret import SecretUrl
@@ -117,8 +117,8 @@ class Store:
             "interface": urlsplit(self._server_url).scheme,
         }
         if self._token is not None:
-            # The endpoint: bound values go in a form body; in the URL, a page's list of ids
-            # costs the client ~1 ms to percent-check (urllib3 walks it in Python).
+            # The endpoint: bound values go in a form body; in the URL, urllib3 percent-checks a
+            # page's list of ids character by character in Python (docs/benchmarks.md).
             options |= {
                 "username": "rlbus",
                 "password": self._token,
@@ -248,9 +248,9 @@ class Store:
 
     def _insert_chdb(self, name: str, arrow_block: pa.Table, dedup_token: str) -> None:
         """Insert through chdb's Python() table function, which reads the Arrow table in place
-        (clickhouse-connect's insert_arrow copies the block through an Arrow file first; see
-        FACTS.md and bench/bus.py). A connection per thread, since chdb resolves `arrow_block`
-        by name in the calling frame."""
+        (clickhouse-connect's insert_arrow first writes the block out as an Arrow IPC stream for
+        the engine to read back; bench/bus.py's baseline is the same Python() insert). A
+        connection per thread, since chdb resolves `arrow_block` by name in the calling frame."""
         conn = getattr(self._local, "chdb", None)
         if conn is None:
             conn = chdb.connect(str(self.data_dir))
@@ -323,8 +323,8 @@ def block_token(kind: type[Event], messages: Sequence[bytes]) -> str:
     or an event with other content, does not."""
     # Every byte, under a hash no one can aim at: anyone may publish to `tasks`, and a message
     # made to share a weaker checksum with another would have its block dropped as a replay.
-    # SHA-256 runs on the CPU's SHA instructions where it has them (~2 us per 833-byte message
-    # here), one update over the joined messages.
+    # SHA-256 runs on the CPU's SHA instructions where it has them, so hashing every byte stays
+    # cheap (docs/benchmarks.md); one update over the joined messages.
     h = hashlib.sha256(np.fromiter(map(len, messages), np.int64, len(messages)).tobytes())
     h.update(b"".join(messages))
     return f"{kind.table}#{h.hexdigest()[:32]}"
@@ -386,7 +386,7 @@ def _open_chdb(url: str, path: str, read_only: bool, dedup_window: int | None) -
     )
 
 
-def _through(url: str, announced: Announced) -> Store:
+def _through(url: str, announced: AnnouncedEndpoint) -> Store:
     if not announced.token:
         raise StoreLockedError(
             f"the endpoint {announced.url} of {url} announced no token; it is an older rlbus: "

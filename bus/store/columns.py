@@ -1,5 +1,6 @@
 """How an event field becomes a ClickHouse column: the one mapping that the DDL, the Arrow
-insert path and the read-back path all follow (STYLE.md: one definition, many views)."""
+insert path and the read-back path all follow: defined once here, so the three cannot drift
+apart."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ ENDPOINT_FILE = ".rlbus-endpoint"
 URL it serves on, the PID that serves it and the token it requires."""
 
 
-class Announced(NamedTuple):
+class AnnouncedEndpoint(NamedTuple):
     url: str
     token: str
     """The endpoint's password (clickhouse-connect sends it as the password)."""
@@ -67,7 +67,7 @@ def withdraw_endpoint(data_dir: Path, url: str) -> None:
         endpoint_file(data_dir).unlink(missing_ok=True)
 
 
-def read_endpoint(data_dir: Path) -> Announced | None:
+def read_endpoint(data_dir: Path) -> AnnouncedEndpoint | None:
     """The announced endpoint, unless the process that announced it is gone (a holder
     killed without withdrawing it, whose successor has not announced its own yet)."""
     try:
@@ -82,4 +82,4 @@ def read_endpoint(data_dir: Path) -> Announced | None:
             return None
         except PermissionError:
             pass  # alive, owned by someone else
-    return Announced(url.strip(), token.strip()) if url.strip() else None
+    return AnnouncedEndpoint(url.strip(), token.strip()) if url.strip() else None

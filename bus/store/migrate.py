@@ -22,7 +22,7 @@ from importlib.resources.abc import Traversable
 
 from clickhouse_connect.driver.client import Client
 
-from rlbus.bus.store.sqltext import Tok, split_statements, tokens
+from rlbus.bus.store.sqltext import Tok, split_statements, sql_tokens
 
 MIGRATIONS_DIR: Traversable = files("rlbus.bus.store") / "migrations"
 VIEWS_DIR: Traversable = files("rlbus.bus.store") / "views"
@@ -118,7 +118,7 @@ def load_migrations(directory: Traversable = MIGRATIONS_DIR) -> list[Migration]:
 
 def _view_name(statement: str) -> str | None:
     """The view a CREATE OR REPLACE VIEW statement defines; None for any other statement."""
-    lead = [statement[s:e] for kind, s, e in tokens(statement) if kind is not Tok.COMMENT][:5]
+    lead = [statement[s:e] for kind, s, e in sql_tokens(statement) if kind is not Tok.COMMENT][:5]
     if len(lead) < 5 or [w.upper() for w in lead[:4]] != ["CREATE", "OR", "REPLACE", "VIEW"]:
         return None
     return lead[4].strip("`")

@@ -67,7 +67,7 @@ def _block_comment_end(sql: str, start: int) -> int:
     raise SqlTextError(f"unterminated /* comment starting at position {start}")
 
 
-def tokens(sql: str) -> Iterator[tuple[Tok, int, int]]:
+def sql_tokens(sql: str) -> Iterator[tuple[Tok, int, int]]:
     """(kind, start, end) of each token; whitespace is skipped."""
     i, n = 0, len(sql)
     while i < n:
@@ -110,7 +110,7 @@ def split_statements(sql: str) -> list[str]:
     """The statements of a script, without their `;`; statements of only comments are dropped."""
     statements: list[str] = []
     first = last = -1
-    for kind, start, end in (*tokens(sql), (Tok.SEMICOLON, len(sql), len(sql))):
+    for kind, start, end in (*sql_tokens(sql), (Tok.SEMICOLON, len(sql), len(sql))):
         if kind is Tok.SEMICOLON:
             if first >= 0:
                 statements.append(sql[first:last])
@@ -123,7 +123,7 @@ def split_statements(sql: str) -> list[str]:
 
 def words(statement: str) -> list[str]:
     """Bare words outside quotes and comments, upper-cased."""
-    return [statement[s:e].upper() for kind, s, e in tokens(statement) if kind is Tok.WORD]
+    return [statement[s:e].upper() for kind, s, e in sql_tokens(statement) if kind is Tok.WORD]
 
 
 JUDGED_KEPT = 1024
@@ -145,7 +145,7 @@ def _read_only_problem(sql: str) -> str | None:
     lead = next(
         (
             sql[s:e]
-            for k, s, e in tokens(sql)
+            for k, s, e in sql_tokens(sql)
             if k not in (Tok.COMMENT, Tok.SEMICOLON) and sql[s:e] != "("
         ),
         "",
@@ -169,7 +169,7 @@ _judged = functools.lru_cache(maxsize=JUDGED_KEPT)(_read_only_problem)
 
 def trailing_format(statement: str) -> str | None:
     """The name in a trailing `FORMAT name` clause, if the statement ends with one."""
-    significant = [statement[s:e] for k, s, e in tokens(statement) if k is not Tok.COMMENT]
+    significant = [statement[s:e] for k, s, e in sql_tokens(statement) if k is not Tok.COMMENT]
     if (
         len(significant) >= 2
         and significant[-2].upper() == "FORMAT"

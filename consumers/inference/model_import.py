@@ -58,7 +58,7 @@ class ModelImportError(Exception):
 
 
 @dataclass(frozen=True)
-class Source:
+class ModelSource:
     kind: Literal["gguf", "hf"]
     path: Path
     """The GGUF file, or the Hugging Face directory."""
@@ -66,7 +66,7 @@ class Source:
 
 @dataclass(frozen=True)
 class ImportSummary:
-    source: Source
+    source: ModelSource
     out: Path
     architecture: str
     parameters: int
@@ -79,12 +79,12 @@ class ImportSummary:
     seconds: float
 
 
-def resolve_source(src: str) -> Source:
+def resolve_source(src: str) -> ModelSource:
     """A path (GGUF file or Hugging Face directory) or a name of `KNOWN_PACKAGES`."""
     path = Path(src).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():
-            return Source("hf", path)
+            return ModelSource("hf", path)
         ggufs = sorted(p.name for p in path.glob("*.gguf"))
         hint = f"pass one of its GGUF files: {', '.join(ggufs)}" if ggufs else "nothing to import"
         raise ModelImportError(f"{path} is a directory without config.json; {hint}")
@@ -97,9 +97,9 @@ def resolve_source(src: str) -> Source:
                 "SRC is a .gguf file, a Hugging Face directory (config.json, weights, tokenizer) "
                 f"or a known package: {_known_packages()}"
             )
-        return Source("gguf", path)
+        return ModelSource("gguf", path)
     if src in KNOWN_PACKAGES:
-        return Source("gguf", _packaged_gguf(KNOWN_PACKAGES[src]))
+        return ModelSource("gguf", _packaged_gguf(KNOWN_PACKAGES[src]))
     raise ModelImportError(
         f"SRC {src!r} is neither a file, a directory nor a known package; "
         f"known packages: {_known_packages()}"
@@ -322,7 +322,7 @@ def _check_template(tokenizer: PreTrainedTokenizerBase, origin: Path) -> None:
         raise ModelImportError(f"{origin}: the chat template does not render: {exc}") from exc
 
 
-def _load(source: Source, dtype: Dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load(source: ModelSource, dtype: Dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -17,7 +17,7 @@ from rlbus.consumers.inference.api import Arch, Size, TokenizerKind
 from rlbus.consumers.inference.byte_tokenizer import build_byte_tokenizer
 
 # tiny: ~0.9M parameters, fast enough on 2 CPU cores for tests and the RL smoke runs
-# (FACTS.md has its speed). small: ~27M, for runs that should learn more.
+# (bench/inference.py measures its engine). small: ~25M, for runs that should learn more.
 _SHAPES: dict[Size, dict[str, int]] = {
     "tiny": {
         "hidden_size": 128,

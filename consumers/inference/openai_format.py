@@ -25,7 +25,7 @@ from rlbus.consumers.inference.api import (
 TokenText = Callable[[int], str]
 
 
-class ChatRequest(wire.ChatRequest, kw_only=True):
+class InferenceChatRequest(wire.ChatRequest, kw_only=True):
     """A chat request as this server takes it: a model name, vLLM's extensions, and refusals
     of what it cannot honour."""
 
@@ -53,7 +53,9 @@ class ChatRequest(wire.ChatRequest, kw_only=True):
             raise ValueError("top_logprobs needs logprobs: true")
 
 
-def sampling_params(req: ChatRequest, stop_token_ids: list[int], choice: int) -> SamplingParams:
+def sampling_params(
+    req: InferenceChatRequest, stop_token_ids: list[int], choice: int
+) -> SamplingParams:
     """The sampling settings for choice `choice` of `req`; ValueError on bad values."""
     return SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -96,7 +98,7 @@ class ChatWriter:
     """The response bodies of one chat request: log-probs as OpenAI entries from token ids,
     token ids when asked, policy versions always."""
 
-    def __init__(self, req: ChatRequest, model: str, token_text: TokenText) -> None:
+    def __init__(self, req: InferenceChatRequest, model: str, token_text: TokenText) -> None:
         self.req = req
         self.model = model
         self.token_text = token_text

@@ -3,9 +3,9 @@
 A plain `nn.Linear` on CPU goes to the BLAS `torch` was built with (MKL), which at a decode
 step's few rows leaves most of the step's time in its matmuls; oneDNN's linear over a weight
 reordered ahead of time (the kernels `torch.compile` uses on CPU) does the same fp32 (or bf16)
-arithmetic 1.4-2.5x faster at 1-64 rows on the larger layers (bench/real_model.py, docs/
-benchmarks.md). Its call costs ~15-20 us more, so small layers (a tiny test model's, a 135M
-model's key and value projections) stay plain.
+arithmetic faster at a decode step's rows on the larger layers (bench/real_model.py; the
+figures are in docs/benchmarks.md). Each call costs more than a plain one, so small layers (a
+tiny test model's, a 135M model's key and value projections) stay plain.
 
 The original weight stays the module's parameter: names, tied embeddings, weight swaps and
 LoRA merges see the model unchanged, and a parameter changed in place (its version counter
@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 DECODE_ROWS = 32
 """The row count the packed layout is chosen for (oneDNN's hint); other counts run on it too."""
 MIN_WEIGHTS = 1 << 18
-"""Layers with fewer weights are left plain: measured here (1 thread, 1-64 rows), packing pays
-from about 256 x 1024 on, and costs at 576 x 192 and below."""
+"""Layers with fewer weights are left plain: below it the call's extra cost outweighs the
+faster matmul (docs/benchmarks.md has the sizes where packing paid and where it cost)."""
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:

@@ -47,8 +47,8 @@ from rlbus.consumers.inference.api import (
 )
 from rlbus.consumers.inference.checkpoint_reader import CheckpointError
 from rlbus.consumers.inference.openai_format import (
-    ChatRequest,
     ChatWriter,
+    InferenceChatRequest,
     cut_at_stop,
     request_error_body,
     sampling_params,
@@ -208,7 +208,7 @@ class InferenceAPI:
         return _json({"version": req.version, "load_s": seconds})
 
     async def chat(self, request: Request) -> Response:
-        req = msgspec.json.decode(await request.body(), type=ChatRequest)
+        req = msgspec.json.decode(await request.body(), type=InferenceChatRequest)
         self.check_model(req.model)
         tools = req.active_tools
         prompt_ids = self.renderer.render(req.messages, tools=tools)
@@ -235,7 +235,7 @@ class InferenceAPI:
         return _json(body, headers=_result_headers(results))
 
     async def _stream(
-        self, req: ChatRequest, prompt_ids: list[int], params: SamplingParams
+        self, req: InferenceChatRequest, prompt_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[bytes]:
         writer = ChatWriter(req, self.model_name, self.token_text)
         tools = req.active_tools
@@ -279,7 +279,7 @@ def _client_error(status: int) -> Callable[[Request, Exception], Any]:
     return handle
 
 
-def create_app(
+def create_inference_app(
     backend: InferenceBackend,
     renderer: Renderer,
     token_text: Callable[[int], str],

@@ -9,7 +9,7 @@ from starlette.types import ASGIApp
 
 from rlbus.clients.renderer import make_renderer
 from rlbus.consumers.inference.api import BackendKind, InferenceBackend
-from rlbus.consumers.inference.server import create_app
+from rlbus.consumers.inference.server import create_inference_app
 
 
 def build_backend(
@@ -47,7 +47,7 @@ def build_app(
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     name = model_name or Path(model_path).name
-    return create_app(
+    return create_inference_app(
         backend,
         make_renderer(tokenizer, renderer),
         lambda token_id: tokenizer.decode([token_id]),

@@ -71,7 +71,7 @@ def score_kwargs() -> dict[str, Any]:
     return {"n": 1, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0, "detokenize": False}
 
 
-def token_logprobs(
+def sampled_logprobs(
     token_ids: Sequence[int], logprobs: Sequence[dict[int, Any]] | None, top_k: int
 ) -> tuple[list[float], list[list[TopLogprob]] | None]:
     """Sampled-token log-probs (and the top-k lists) from a CompletionOutput's `logprobs`."""
@@ -115,7 +115,7 @@ def result_of(
     """Our result from a finished vLLM RequestOutput; `versions` = (first, last) version seen."""
     completion = output.outputs[0]
     token_ids = list(completion.token_ids)
-    logprobs, tops = token_logprobs(token_ids, completion.logprobs, top_k)
+    logprobs, tops = sampled_logprobs(token_ids, completion.logprobs, top_k)
     reason, stop_reason = finish_of(completion, eos_ids)
     return GenerateResult(
         completion_ids=token_ids,
@@ -136,7 +136,7 @@ def delta_of(output: Any, sent_tokens: int, sent_chars: int, top_k: int) -> Delt
     completion = output.outputs[0]
     token_ids = list(completion.token_ids[sent_tokens:])
     entries = completion.logprobs[sent_tokens:] if completion.logprobs is not None else None
-    logprobs, tops = token_logprobs(token_ids, entries, top_k)
+    logprobs, tops = sampled_logprobs(token_ids, entries, top_k)
     return Delta(
         token_ids=token_ids, logprobs=logprobs, text=completion.text[sent_chars:], top_logprobs=tops
     )

@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlbus.bus import Bus
-from rlbus.clients.inference import InferenceClient
+from rlbus.clients.inference_client import InferenceClient
 from rlbus.clients.replicas import Roster
 from rlbus.config.runs import RunConfig
 from rlbus.consumers.orchestrator.algorithms import Context, make_algorithm
 from rlbus.consumers.orchestrator.join import Joiner
-from rlbus.consumers.orchestrator.loop import Orchestrator
+from rlbus.consumers.orchestrator.orchestration import Orchestrator
 from rlbus.consumers.orchestrator.pacing import pacing_for
-from rlbus.consumers.orchestrator.task_draw import Source, TaskSource
+from rlbus.consumers.orchestrator.task_draw import TaskSource, WeightedEnvironment
 from rlbus.environment import Environment, load_environment
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def build_orchestrator(bus: Bus, cfg: RunConfig, base_dir: Path) -> Orchestrator
         algorithms[name] = make_algorithm(algo, ctx)
     o = cfg.orchestrator
     tasks = TaskSource(
-        [Source(envs[n], e.weight) for n, e in cfg.envs.items()],
+        [WeightedEnvironment(envs[n], e.weight) for n, e in cfg.envs.items()],
         cfg.run_id,
         o.held_out_fraction,
         o.seed,

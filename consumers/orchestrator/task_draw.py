@@ -26,13 +26,13 @@ SPLIT = "split"
 EVAL_VERSION = "eval_version"
 
 
-def held_out(task_id: str, fraction: float) -> bool:
+def is_held_out(task_id: str, fraction: float) -> bool:
     digest = hashlib.blake2b(task_id.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64 < fraction
 
 
 @dataclass
-class Source:
+class WeightedEnvironment:
     env: Environment
     weight: float
 
@@ -42,7 +42,9 @@ class TaskSource:
     when one is used up it starts over in a new order (a near-solved environment whose groups
     are dropped for zero signal goes through its tasks several times faster than steps go)."""
 
-    def __init__(self, sources: list[Source], run_id: str, held_out_fraction: float, seed: int):
+    def __init__(
+        self, sources: list[WeightedEnvironment], run_id: str, held_out_fraction: float, seed: int
+    ):
         self.sources = sources
         self.run_id = run_id
         self.fraction = held_out_fraction
@@ -56,7 +58,7 @@ class TaskSource:
     def _epoch(self, env: Environment, epoch: int) -> Iterator[TaskPublished]:
         return iter(
             env.tasks(self.run_id)
-            .select(lambda t: not held_out(t.task_id, self.fraction))
+            .select(lambda t: not is_held_out(t.task_id, self.fraction))
             .shuffle(self.seed + epoch)
         )
 
@@ -97,7 +99,7 @@ class TaskSource:
         for s in self.sources:
             for task in (
                 s.env.tasks(self.run_id)
-                .select(lambda t: held_out(t.task_id, self.fraction))
+                .select(lambda t: is_held_out(t.task_id, self.fraction))
                 .take(per_env)
             ):
                 tasks.append(

@@ -1,5 +1,2 @@
-"""Sink role: every topic into ClickHouse."""
-
-from rlbus.consumers.sink.sink import GROUP, Sink, run_sink
-
-__all__ = ["GROUP", "Sink", "run_sink"]
+"""The sink: every topic into ClickHouse. `role.py` is its door; `sink.py` converts and stores
+a poll's events; `heap.py` returns the memory polls freed."""

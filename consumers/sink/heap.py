@@ -3,11 +3,11 @@
 A poll is up to `store.batch_rows` events, each a few small allocations (its message, its
 Struct, its bytes fields) made and freed together, among allocations that live on. glibc keeps
 such freed memory in its arenas rather than return it, so the sink's RSS grew with the largest
-polls it had seen: in a 45-minute soak its memory outside ClickHouse's engine rose from 110 to
-150 MB while the engine's stayed flat, and 60,000 large token records left 222-232 MB more
-held (tests/store/test_sink_heap.py: 68-93 MB with this). `malloc_trim` returns every free page,
-in 4-7 ms over a fragmented heap of a few hundred MB; Arrow's pool is asked to release its
-unused memory too. Other C libraries (musl, macOS) have no malloc_trim: nothing is done there.
+polls it had seen while the engine's own memory stayed flat (bench/soak.py showed it;
+tests/store/test_sink_heap.py checks that the sink gives it back; the figures are in
+docs/benchmarks.md). `malloc_trim` returns every free page, quickly enough to run between
+polls; Arrow's pool is asked to release its unused memory too. Other C libraries (musl, macOS)
+have no malloc_trim: nothing is done there.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-from rlbus.consumers.trainer.loop import Hooks
+from rlbus.consumers.trainer.batch_trainer import Hooks
 from rlbus.consumers.trainer.step import StepResult, Trainer
 from rlbus.schemas import TrainSample
 

@@ -119,7 +119,7 @@ def supervised_loss(logprobs: torch.Tensor, weights: torch.Tensor) -> torch.Tens
     return -(weights * logprobs).sum()
 
 
-def mismatch_kl(logprobs: torch.Tensor, inference_logprobs: torch.Tensor) -> torch.Tensor:
+def kl_estimate(logprobs: torch.Tensor, inference_logprobs: torch.Tensor) -> torch.Tensor:
     """Summed per-token estimate of KL(inference || trainer) on the sampled tokens: with
     rho = pi/mu, rho - 1 - log rho is unbiased and never negative (Schulman's k3)."""
     # float64: for the ~1e-6 differences of matching engines, float32 rounds k3 to exactly 0.

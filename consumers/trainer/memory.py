@@ -5,8 +5,8 @@ The estimate is deliberately simple: fp32 weights, gradients and AdamW's two mom
 trainable parameters, one more copy of the weights (the published version being written), a
 fixed runtime overhead, and activations linear in the micro-batch's tokens (per layer a
 multiple of the hidden size; the logits and their softmax over the vocabulary). Calibrated on
-SmolLM2-135M on CPU (FACTS.md: 7.1 GB peak at 1024 tokens, ~20 GB at 8192); attention's
-quadratic term is left out, so very long rows need more than it says.
+SmolLM2-135M's peak memory on CPU at 1024 and 8192 tokens a micro-batch (docs/benchmarks.md);
+attention's quadratic term is left out, so very long rows need more than it says.
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from rlbus.config.trainer import TrainerConfig
+from rlbus.consumers.trainer.batch_trainer import Hooks
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, NothingToResume, TrainerState
 from rlbus.consumers.trainer.distributed import TorchRanks
-from rlbus.consumers.trainer.loop import Hooks
 from rlbus.consumers.trainer.policy import (
     load_policy,
     published_kind,
@@ -57,7 +57,7 @@ class Session:
     checkpoint_every: int = 1
     """Steps between saved trainer states (TrainerConfig.checkpoint_every)."""
     incarnation: str = ""
-    """"" when the session started the run; a resumed session's own id (TrainerWorker)."""
+    """"" when the session started the run; a resumed session's own id (BatchTrainer)."""
 
 
 def open_session(

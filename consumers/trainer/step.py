@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor
 from rlbus.config.trainer import OptimConfig, TrainerConfig
 from rlbus.consumers.trainer.batching import MicroBatch, micro_batches
 from rlbus.consumers.trainer.distributed import Ranks, SingleProcess
-from rlbus.consumers.trainer.losses import TokenTensors, get_loss, mismatch_kl, supervised_loss
+from rlbus.consumers.trainer.losses import TokenTensors, get_loss, kl_estimate, supervised_loss
 from rlbus.consumers.trainer.memory import micro_batch_tokens
 from rlbus.consumers.trainer.policy import token_logprobs
 from rlbus.schemas import TrainSample, masks
@@ -115,8 +115,8 @@ class Trainer:
             "supervised_tokens": supervised.sum().float(),
             "entropy": entropy.sum(),
             "fresh_tokens": fresh.sum().float(),
-            "mismatch_kl": mismatch_kl(logprobs[fresh], mb_dev.inference_logprobs[fresh]),
-            "off_policy_kl": mismatch_kl(logprobs[policy], mb_dev.inference_logprobs[policy]),
+            "mismatch_kl": kl_estimate(logprobs[fresh], mb_dev.inference_logprobs[fresh]),
+            "off_policy_kl": kl_estimate(logprobs[policy], mb_dev.inference_logprobs[policy]),
             "loss": total.detach(),
             **{k: v.detach() for k, v in out.metrics.items()},
         }

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from rlbus.clients.chat_client import ChatAnswer, ChatClient, ChatError
-from rlbus.clients.inference import InferenceError
+from rlbus.clients.inference_client import InferenceError
 from rlbus.clients.replicas import Replicas, Roster, Route
 from rlbus.clients.token_api import Delta, GenerateResult, SamplingParams
 from rlbus.config.env import ModelConfig

@@ -92,7 +92,7 @@ def die_with_parent() -> None:
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def allowed_environment(config: RuntimeConfig, home: Path, env: dict[str, str]) -> dict[str, str]:
+def allowed_variables(config: RuntimeConfig, home: Path, env: dict[str, str]) -> dict[str, str]:
     """`keep_env` from this process's environment (nothing else of it), HOME and TMPDIR in the
     rollout's directory, then what the harness sets."""
     kept = {k: os.environ[k] for k in config.keep_env if k in os.environ}

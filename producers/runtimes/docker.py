@@ -22,7 +22,7 @@ from rlbus.producers.runtimes.base import (
     ExecResult,
     ProcessRuntime,
     RolloutEndpoint,
-    allowed_environment,
+    allowed_variables,
     run_process,
 )
 
@@ -110,7 +110,7 @@ class DockerRuntime(ProcessRuntime):
             name,
             workdir,
             argv,
-            allowed_environment(self.config, workdir, env),
+            allowed_variables(self.config, workdir, env),
             endpoint.port if endpoint is not None else None,
         )
 

@@ -16,7 +16,7 @@ from rlbus.producers.runtimes.base import (
     ExecResult,
     ProcessRuntime,
     RolloutEndpoint,
-    allowed_environment,
+    allowed_variables,
     cpu_limit,
     die_with_parent,
     run_process,
@@ -92,7 +92,7 @@ class SubprocessRuntime(ProcessRuntime):
         limits = [cpu_limit(self.config.cpu_s)] if self.config.cpu_s is not None else []
         return await run_process(
             argv,
-            env=allowed_environment(self.config, workdir, env),
+            env=allowed_variables(self.config, workdir, env),
             cwd=workdir,
             config=self.config,
             stdin=stdin,

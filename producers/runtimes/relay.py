@@ -24,7 +24,7 @@ def pump(source: socket.socket, sink: socket.socket) -> None:
             pass
 
 
-def serve(listener: socket.socket, path: str) -> None:
+def relay_connections(listener: socket.socket, path: str) -> None:
     while True:
         client, _ = listener.accept()
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -43,7 +43,7 @@ def main() -> None:
     if separator != "--" or not argv:
         sys.exit("usage: relay.py PORT SOCKET -- ARGV...")
     listener = socket.create_server(("127.0.0.1", int(port)))
-    threading.Thread(target=serve, args=(listener, path), daemon=True).start()
+    threading.Thread(target=relay_connections, args=(listener, path), daemon=True).start()
     code = subprocess.call(argv)
     sys.exit(code if code >= 0 else 128 - code)
 

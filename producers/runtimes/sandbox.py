@@ -28,7 +28,7 @@ from rlbus.producers.runtimes.base import (
     ExecResult,
     ProcessRuntime,
     RolloutEndpoint,
-    allowed_environment,
+    allowed_variables,
     cpu_limit,
     die_with_parent,
     run_process,
@@ -127,7 +127,7 @@ class SandboxRuntime(ProcessRuntime):
             *("--hostname", "rlbus-sandbox", "--clearenv"),
             *(
                 a
-                for k, v in allowed_environment(self.config, workdir, env).items()
+                for k, v in allowed_variables(self.config, workdir, env).items()
                 for a in ("--setenv", k, v)
             ),
             *_system_mounts(),

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from rlbus.bus.faststream import asyncapi as asyncapi_document
+from rlbus.bus.faststream import asyncapi_document
 from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, settings_from
 from rlbus.console import console
 

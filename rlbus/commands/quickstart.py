@@ -131,19 +131,9 @@ def show(result: Result) -> None:
 
 def queries(result: Result) -> list[str]:
     """Two or three queries to try on this quickstart's runs, as `rlbus sql` takes them."""
-    runs = result.runs
-    return [
-        "SELECT run_id, step AS version, held_out_rollouts, "
-        "round(held_out_mean_reward, 3) AS held_out_reward FROM reward_by_step "
-        f"WHERE startsWith(run_id, '{runs.prefix}-') AND held_out_rollouts > 0 "
-        "ORDER BY first_ts",
-        "SELECT step, train_rollouts, round(train_mean_reward, 3) AS train_reward "
-        f"FROM reward_by_step WHERE run_id = '{runs.of('rl')}' ORDER BY step",
-        "SELECT r.answer, JSONExtractString(r.completion, 1, 'content') AS reply, s.reward "
-        "FROM rollouts AS r FINAL INNER JOIN scored AS s FINAL ON r.rollout_id = s.rollout_id "
-        f"WHERE r.run_id = '{runs.of('rl')}' "
-        f"AND JSONExtractInt(r.info, 'eval_version') = {result.final_version} LIMIT 8",
-    ]
+    from rlbus.bus.store.reads.quickstart import to_try
+
+    return to_try(result.runs.prefix, result.runs.of("rl"), result.final_version)
 
 
 def register(app: typer.Typer, worker_app: typer.Typer) -> None:

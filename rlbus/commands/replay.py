@@ -27,7 +27,7 @@ replay_app = typer.Typer(
 
 
 @replay_app.command("sft", context_settings=OVERRIDES, epilog=OVERRIDES_HELP)
-def replay_sft(
+def replay_sft_command(
     ctx: typer.Context,
     model: Annotated[
         Path, typer.Option("--model", help="Model directory to start from.", exists=True)

@@ -26,7 +26,7 @@ ConfigArgument = Annotated[
 ]
 
 
-def run(ctx: typer.Context, config: ConfigArgument, resume: ResumeOption = False) -> None:
+def run_command(ctx: typer.Context, config: ConfigArgument, resume: ResumeOption = False) -> None:
     """Train: broker, store, inference, env producers, judges, orchestrator and trainer as local
     processes, with a live dashboard. Stops at max_steps (after the final evaluation) or on
     Ctrl-C."""
@@ -71,4 +71,4 @@ def run(ctx: typer.Context, config: ConfigArgument, resume: ResumeOption = False
 
 
 def register(app: typer.Typer, worker_app: typer.Typer) -> None:
-    app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)(run)
+    app.command("run", context_settings=OVERRIDES, epilog=OVERRIDES_HELP)(run_command)

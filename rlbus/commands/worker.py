@@ -1,15 +1,16 @@
 """`rlbus worker ROLE`: one role as a long-lived consumer-group member. Each command here only
-reads its options and calls the role's entry function; `ROLES` is the table of them."""
+reads its options, builds the role through the registry (rlbus.launch.roles) and runs it
+(`run_role`); `COMMANDS` is the table of them, one per role of the registry."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 
+from rlbus.bus.role import RoleSummary
 from rlbus.commands.common import (
     OVERRIDES,
     OVERRIDES_HELP,
@@ -29,6 +30,7 @@ from rlbus.config.runs import RunConfig, load_run_config
 from rlbus.console import console
 from rlbus.consumers.inference.api import BackendKind
 from rlbus.discovery import local_broker
+from rlbus.launch.roles import build_role
 
 
 def _settings(ctx: typer.Context, config: Path | None, role: str) -> Settings:
@@ -43,19 +45,7 @@ def _run_config(ctx: typer.Context, config: Path | None, role: str) -> RunConfig
 def sink(ctx: typer.Context, config: ConfigOption = None) -> None:
     """Consume every topic into ClickHouse; serve read-only SQL to other processes meanwhile.
     While another sink holds a chdb store, wait as its standby."""
-    from rlbus.consumers.sink.main import run as hold_store
-
-    settings = _settings(ctx, config, "sink")
-    console.print(f"sink: {settings.kafka.bootstrap_servers} -> {settings.store.url}")
-
-    def served(url: str) -> None:
-        console.print(f"read-only SQL endpoint: {url}")
-
-    async def main(stop: asyncio.Event) -> int:
-        sink = await hold_store(settings, stop, served)
-        return sink.rows_written if sink is not None else 0
-
-    console.print(f"sink stopped after writing {run_until_signal(main):,} rows")
+    run_role("sink", _settings(ctx, config, "sink"))
 
 
 def env(
@@ -88,24 +78,14 @@ def env(
     """Env producer: consume `tasks` of ENV, run each task's group, publish traces, tokens and
     rollouts."""
     from rlbus.environment import load_environment
-    from rlbus.producers.main import run as run_env_producer
 
     settings = _settings(ctx, config, "env")
     with exits_on(ConfigError):
         environment = load_environment(
             env_spec, cli_overrides(model, base_url, mode=mode, tokenizer=tokenizer)
         )
-    c = environment.config
-    console.print(
-        f"env producer {environment.id}: {c.harness.kind} harness, {c.runtime.kind} runtime, "
-        f"{c.model.mode} mode -> {c.model.base_url}"
-    )
-
-    async def main(stop: asyncio.Event) -> int:
-        envs = frozenset(e for e in (run_envs or "").split(",") if e)
-        return (await run_env_producer(settings, environment, stop, run_envs=envs)).rollouts
-
-    console.print(f"env producer stopped after {run_until_signal(main):,} rollouts")
+    envs = frozenset(e for e in (run_envs or "").split(",") if e)
+    run_role("env", settings, environment, run_envs=envs)
 
 
 def judge(
@@ -117,7 +97,6 @@ def judge(
 ) -> None:
     """Judge: consume `rollouts` of the given environments, publish `scored` (group rewards once
     a group is complete)."""
-    from rlbus.consumers.judge.main import run as run_judge
     from rlbus.environment import load_environment
 
     # ENV... takes every word the options parser leaves, overrides included: they begin at the
@@ -129,15 +108,7 @@ def judge(
     settings = _settings(ctx, config, "judge")
     with exits_on(ConfigError):
         environments = [load_environment(spec, {}) for spec in env_specs]
-    console.print(
-        f"judge for {', '.join(e.id for e in environments)} (run {settings.run_id!r})",
-        markup=False,
-    )
-
-    async def main(stop: asyncio.Event) -> int:
-        return (await run_judge(settings, environments, stop)).scored
-
-    console.print(f"judge stopped after scoring {run_until_signal(main):,} rollouts")
+    run_role("judge", settings, environments)
 
 
 def inference(
@@ -172,8 +143,6 @@ def inference(
     every WeightVersion of the run as it is published. With no broker configured or announced,
     it starts one for as long as it serves (a model server is often the first thing started)."""
     require_train_extra("rlbus worker inference")
-    from rlbus.consumers.inference.main import run as serve
-
     with local_broker(settings_from(ctx, config)) as (found, started):
         settings: Settings = start_role(found, "inference")
         if started is not None:
@@ -181,23 +150,8 @@ def inference(
                 f"started an embedded broker at {started.bootstrap_servers} "
                 "(other local commands find it; it stops with this server)"
             )
-        console.print(
-            f"[bold]inference[/bold] {Path(model).name} ({backend} on {device}) at "
-            f"http://{host}:{port}/v1, following weights of run {settings.run_id!r}"
-        )
-        run_until_signal(
-            lambda stop: serve(
-                settings,
-                model,
-                stop,
-                host=host,
-                port=port,
-                backend=backend,
-                device=device,
-                threads=threads,
-                url=url,
-            )
-        )
+        options = {"host": host, "port": port, "backend": backend, "device": device}
+        run_role("inference", settings, model, **options, threads=threads, url=url)
 
 
 def trainer(ctx: typer.Context, config: ConfigOption = None, resume: ResumeOption = False) -> None:
@@ -206,19 +160,11 @@ def trainer(ctx: typer.Context, config: ConfigOption = None, resume: ResumeOptio
     consumes."""
     require_train_extra("rlbus worker trainer")
     from rlbus.consumers.trainer.checkpoint import NothingToResume
-    from rlbus.consumers.trainer.main import trainer_role
     from rlbus.consumers.trainer.session import CheckpointExists
 
     cfg = _run_config(ctx, config, "trainer")
-    with exits_on(NothingToResume, CheckpointExists), trainer_role(cfg, resume) as role:
-        s = role.session
-        console.print(
-            f"trainer: {cfg.model} at step {s.state.step}, checkpoints {s.checkpoints.url}"
-        )
-        if not role.leads:
-            role.follow()
-            return
-        console.print(f"trainer stopped at step {run_until_signal(role.run)}")
+    with exits_on(NothingToResume, CheckpointExists):
+        run_role("trainer", cfg, resume=resume)
 
 
 def orchestrator(
@@ -227,19 +173,25 @@ def orchestrator(
     """Orchestrator: scored rollouts -> TrainBatches; publishes tasks with bounded work in flight.
     (It follows the trainer's announced version, so --resume needs nothing of it.) One leads a
     run: another started for it waits as a standby and takes over when the leader is gone."""
-    from rlbus.consumers.orchestrator.loop import summary
-    from rlbus.consumers.orchestrator.main import run as orchestrate
-
     cfg = _run_config(ctx, config, "orchestrator")
     base_dir = config.parent if config else Path.cwd()
     with exits_on(ConfigError, KeyError, ValueError):
-        orch = run_until_signal(lambda stop: orchestrate(cfg, base_dir, stop))
-    if orch is None or not orch.done.is_set():
+        done = run_role("orchestrator", cfg, base_dir)
+    if not done.finished:
         raise typer.Exit(3)  # stopped before max_steps: the launcher tells the two apart
-    console.print(summary(orch))
 
 
-ROLES: dict[str, Callable[..., None]] = {
+def run_role(name: str, *args: Any, **options: Any) -> RoleSummary:
+    """Build the role through the registry, say what it is about to do, run it until it is done
+    or a signal comes, and say what it did."""
+    role = build_role(name, *args, **options)
+    console.print(role.describe(), markup=False)
+    done = run_until_signal(role.run)
+    console.print(done.said, markup=False)
+    return done
+
+
+COMMANDS: dict[str, Callable[..., None]] = {
     "sink": sink,
     "env": env,
     "judge": judge,
@@ -250,5 +202,5 @@ ROLES: dict[str, Callable[..., None]] = {
 
 
 def register(app: typer.Typer, worker_app: typer.Typer) -> None:
-    for name, command in ROLES.items():
+    for name, command in COMMANDS.items():
         worker_app.command(name, context_settings=OVERRIDES, epilog=OVERRIDES_HELP)(command)

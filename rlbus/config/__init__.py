@@ -8,7 +8,7 @@ from rlbus.config.loading import (
     format_validation_error,
     load_settings,
     parse_overrides,
-    settings_env,
+    settings_variables,
 )
 from rlbus.config.settings import (
     DATA_DIR,
@@ -36,5 +36,5 @@ __all__ = [
     "format_validation_error",
     "load_settings",
     "parse_overrides",
-    "settings_env",
+    "settings_variables",
 ]

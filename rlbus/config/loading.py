@@ -112,7 +112,7 @@ def load_settings(
         raise ConfigError(f"invalid config (environment): {exc}") from exc
 
 
-def settings_env(settings: Settings) -> dict[str, str]:
+def settings_variables(settings: Settings) -> dict[str, str]:
     """Settings as RLBUS_* environment variables, to hand a child process the same config."""
     env: dict[str, str] = {}
 

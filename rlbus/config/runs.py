@@ -84,7 +84,7 @@ class ReplayConfig(Settings):
 
     trainer: TrainerConfig = TrainerConfig(optim=OptimConfig(lr=2e-5))
     """The trainer; its lr defaults to 2e-5 here, a fine-tuning rate for a pretrained model (the
-    trainer's 3e-4 made SmolLM2-135M diverge: loss 2.27 -> 8.14 -> 3.90)."""
+    trainer's 3e-4 made SmolLM2-135M diverge: docs/benchmarks.md has the losses)."""
     batch_size: int = Field(default=64, ge=1)
     """Samples per optimizer step."""
     steps: int = Field(default=100, ge=1)

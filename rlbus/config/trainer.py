@@ -72,7 +72,8 @@ class TrainerConfig(Section):
     the figure it chose). Lower it when the trainer runs out of memory."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass instead of keeping them: the
-    same loss and gradients for less memory (activations) and ~30% more compute."""
+    same loss and gradients for less memory (activations), at the cost of a second forward
+    pass through each layer."""
     device: str = "cpu"
     """Torch device of a single-process trainer (cpu, cuda)."""
     parallel: Literal["none", "fsdp", "torchtitan"] = "none"

@@ -8,17 +8,8 @@ from pathlib import Path
 
 from rlbus.bus.ledger import read_ledgers
 from rlbus.bus.store import Store
+from rlbus.bus.store.reads.broker_losses import DEAD_END, STORED_END
 from rlbus.schemas import TOPICS
-
-STORED_END = (
-    "SELECT kafka_partition, max(kafka_offset) FROM {table} "
-    "WHERE ingested_at >= {{since:DateTime64(6)}} GROUP BY kafka_partition"
-)
-DEAD_END = (
-    "SELECT origin_partition, max(origin_offset) FROM dead_letters "
-    "WHERE origin_topic = {topic:String} AND ingested_at >= {since:DateTime64(6)} "
-    "GROUP BY origin_partition"
-)
 
 
 def unstored(store: Store, ledgers: Path, prefix: str, since: float) -> dict[str, int]:

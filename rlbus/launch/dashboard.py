@@ -1,4 +1,5 @@
-"""The live table `rlbus run` shows, read from the store while the sink holds it."""
+"""The live table `rlbus run` shows, read from the store while the sink holds it (the SQL is
+rlbus.bus.store.reads.dashboard's)."""
 
 from __future__ import annotations
 
@@ -9,25 +10,7 @@ from dataclasses import dataclass, field
 from rich.table import Table
 
 from rlbus.bus.store import Store, open_store
-
-LATEST_STEP = (
-    "SELECT step, loss, grad_norm, entropy, mismatch_kl, metrics['off_policy_kl'], tokens_per_s, "
-    "num_samples, dropped_stale, staleness FROM train_steps FINAL WHERE run_id = {run:String} "
-    "ORDER BY step DESC LIMIT 1"
-)
-TRAIN_REWARD = (
-    "SELECT max(policy_version), avgIf(reward, status = 'ok'), count() FROM ("
-    "SELECT policy_version, reward, status FROM scored FINAL WHERE run_id = {run:String} "
-    "AND rollout_id IN (SELECT rollout_id FROM rollouts WHERE run_id = {run:String} "
-    "AND JSONExtractString(info, 'split') = 'train') ORDER BY ts DESC LIMIT 256)"
-)
-HELD_OUT = (
-    "SELECT JSONExtractInt(r.info, 'eval_version') AS v, avg(s.reward >= 1), count() "
-    "FROM scored AS s FINAL INNER JOIN (SELECT rollout_id, info FROM rollouts FINAL "
-    "WHERE run_id = {run:String} AND JSONExtractString(info, 'split') = 'test') AS r "
-    "ON s.rollout_id = r.rollout_id WHERE s.run_id = {run:String} GROUP BY v ORDER BY v"
-)
-SERVED = "SELECT max(version) FROM weights_loaded FINAL WHERE run_id = {run:String}"
+from rlbus.bus.store.reads.dashboard import HELD_OUT, LATEST_STEP, SERVED, TRAIN_REWARD
 
 
 @dataclass
@@ -88,9 +71,3 @@ def mismatch_kl(step: int, kl: float, older_kl: float) -> str:
     if math.isnan(kl):
         return f"no samples of v{step - 1} (older samples: {older_kl:.2e})"
     return f"{kl:.2e}"
-
-
-FINAL_STEP = (
-    "SELECT count() FROM train_steps FINAL WHERE run_id = {run:String} AND step = {step:UInt32}"
-)
-"""Whether a run's given step is in the store (a run is over when its last step has landed)."""

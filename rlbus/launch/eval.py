@@ -13,6 +13,7 @@ from rich.progress import TextColumn
 
 from rlbus.bus import Bus
 from rlbus.bus.store import open_store
+from rlbus.bus.store.reads.eval_summary import SCORED
 from rlbus.config import Settings
 from rlbus.console import progress
 from rlbus.discovery import local_broker
@@ -21,7 +22,6 @@ from rlbus.launch.collector import steady_collector
 from rlbus.launch.eval_pipeline import EvalPipeline, Tally
 from rlbus.launch.eval_summary import (
     EvalSummary,
-    landed_scores_sql,
     latest_run,
     read_eval_summary,
     scored_tasks,
@@ -30,8 +30,6 @@ from rlbus.launch.local_sink import LocalSink, local_sink
 from rlbus.producers.interception import InterceptionServer
 from rlbus.producers.rollouts import RolloutRunner
 from rlbus.schemas import TaskPublished, derived_id
-
-SCORED = landed_scores_sql("run_id = {run:String} AND env = {env:String}")
 
 
 class EvalError(RuntimeError):

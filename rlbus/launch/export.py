@@ -116,7 +116,7 @@ def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def message(m: dict[str, Any]) -> dict[str, Any]:
+def exported_message(m: dict[str, Any]) -> dict[str, Any]:
     """One stored message in the export's fixed shape."""
     calls = m.get("tool_calls")
     return {
@@ -148,7 +148,7 @@ def chat_row(s: StoredRollout) -> dict[str, Any]:
     assert r is not None
     prompt = [{"role": "user", "content": r.prompt}] if isinstance(r.prompt, str) else r.prompt
     return {
-        "messages": [message(m) for m in [*prompt, *r.completion]],
+        "messages": [exported_message(m) for m in [*prompt, *r.completion]],
         "tools": json.dumps(r.tools),
         **_about(s),
         "model": r.model,

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from rlbus.config import Settings, settings_env
+from rlbus.config import Settings, settings_variables
 from rlbus.producers.runtimes.linux import PR_SET_PDEATHSIG, prctl
 
 MEMORY_SETTINGS = {
@@ -57,7 +57,7 @@ class RoleProcess:
         log_dir.mkdir(parents=True, exist_ok=True)
         self._env = {
             **os.environ,
-            **settings_env(settings),
+            **settings_variables(settings),
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }

@@ -22,6 +22,7 @@ import tomli_w
 from rich.progress import Progress, TextColumn
 
 from rlbus.bus.store import Store, open_store
+from rlbus.bus.store.reads.quickstart import COUNTS, LANDED, NEWEST_STEP, PRESENT
 from rlbus.config import Settings, data_dir, deep_merge, load_settings
 from rlbus.config.runs import ReplayConfig, RunConfig
 from rlbus.console import console, progress
@@ -32,7 +33,6 @@ from rlbus.launch import recipe
 from rlbus.launch.local_sink import LocalSink, local_sink
 from rlbus.launch.replay_sft import Selection, replay_sft
 from rlbus.launch.supervisor import LocalRun, banner
-from rlbus.schemas import TOPICS
 
 ENV = "reverse_text"
 OWN_MODEL_ENV = "rlbus.environment.reverse_text:ReverseText"
@@ -85,25 +85,8 @@ room to show what it adds."""
 
 STAGES = ("model", "tasks", "baseline", "teacher", "sft", "rl")
 
-COUNTS = {
-    "rollouts": "SELECT count() FROM rollouts FINAL WHERE run_id = {run:String}",
-    "events": "SELECT sum(n) FROM ("
-    + " UNION ALL ".join(
-        f"SELECT count() AS n FROM {kind.table} FINAL WHERE run_id = {{run:String}}"
-        for topic in TOPICS
-        for kind in topic.kinds
-    )
-    + ")",
-    "tokens": "SELECT (SELECT sum(length(prompt_ids) + length(completion_ids)) FROM tokens FINAL "
-    "WHERE run_id = {run:String}) + (SELECT sum(num_tokens) FROM batches FINAL "
-    "WHERE run_id = {run:String})",
-}
-"""Each stage's figures, read from the store: its rollouts, its events of every kind, and its
-tokens (prompt and completion of every model call, plus every token trained on)."""
 NOTE = TextColumn("{task.fields[note]}")
 """What each stage's bar says beside its count: a reward, a loss."""
-LANDED = "SELECT count() FROM tasks FINAL WHERE run_id IN {runs:Array(String)}"
-PRESENT = "SELECT count() FROM tasks FINAL WHERE startsWith(run_id, {prefix:String})"
 
 
 class QuickstartError(RuntimeError):
@@ -173,10 +156,7 @@ class StepsBar:
         self.refreshed = time.monotonic()
         try:
             with open_store(self.url, read_only=True) as store:
-                step = store.query(
-                    "SELECT max(step) FROM train_steps FINAL WHERE run_id = {run:String}",
-                    {"run": self.run_id},
-                ).rows[0][0]
+                step = store.query(NEWEST_STEP, {"run": self.run_id}).rows[0][0]
                 curve = recipe.reward_curve(store, self.run_id)
                 evals = recipe.held_out(store, self.run_id)
         except Exception:  # the sink is not serving the store yet; the next refresh will tell

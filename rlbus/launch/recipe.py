@@ -7,7 +7,8 @@ bench/learning.py and tests/trainer/test_learning.py too):
 3. SFT on those rollouts' stored token ids (`rlbus replay sft`);
 4. GRPO from the SFT model, evaluating held-out tasks as it goes.
 
-The SQL below computes the figures (the task sets it is used with have an `exact` reward).
+The figures are rlbus.bus.store.reads.recipe's SQL (the task sets it is used with have an
+`exact` reward).
 """
 
 from __future__ import annotations
@@ -21,19 +22,18 @@ from typing import Any
 
 from rlbus.bus import Bus, free_port
 from rlbus.bus.store import Store
+from rlbus.bus.store.reads.recipe import HELD_OUT_SQL, SCORED_SQL, TRAIN_REWARD_SQL
 from rlbus.bus.waiting import wait_until
-from rlbus.clients.inference import healthy
+from rlbus.clients.inference_client import healthy
 from rlbus.config import Settings, data_dir, deep_merge
 from rlbus.config.orchestrator import OrchestratorConfig
-from rlbus.consumers.judge.main import run as run_judge
-from rlbus.consumers.orchestrator.task_draw import Source, TaskSource
+from rlbus.consumers.orchestrator.task_draw import TaskSource, WeightedEnvironment
 from rlbus.environment import Environment, load_environment
-from rlbus.launch.eval_summary import landed_scores_sql
 from rlbus.launch.local_sink import LocalSink
 from rlbus.launch.processes import RoleProcess, alive
+from rlbus.launch.roles import build_role
 from rlbus.launch.scripted_model import ScriptedModel, ScriptedServer
 from rlbus.launch.supervisor import thread_env
-from rlbus.producers.main import run as run_env_producer
 from rlbus.schemas import TaskPublished
 
 TERSE_ENV = "rlbus.environment.reverse_text:TerseReverseText"
@@ -49,35 +49,6 @@ headers."""
 HELD_OUT_FRACTION = OrchestratorConfig().held_out_fraction
 """The share of the task set no run trains on (the orchestrator's default)."""
 WORD = re.compile(rb"([a-z]+)")
-
-HELD_OUT_SQL = """
-SELECT JSONExtractInt(r.info, 'eval_version') AS version,
-       round(avg(s.rewards['exact']), 4) AS exact_match,
-       round(avg(s.reward), 4) AS mean_reward,
-       count() AS rollouts
-FROM scored AS s FINAL
-INNER JOIN (SELECT rollout_id, info FROM rollouts FINAL
-            WHERE run_id = {run:String} AND JSONExtractString(info, 'split') = 'test') AS r
-        ON s.rollout_id = r.rollout_id
-WHERE s.run_id = {run:String}
-GROUP BY version ORDER BY version
-"""
-"""Held-out exact match and reward per evaluated weights version (tasks never trained on)."""
-
-TRAIN_REWARD_SQL = """
-SELECT s.policy_version AS version, round(avg(s.rewards['exact']), 4) AS exact_match,
-       round(avg(s.reward), 4) AS mean_reward, count() AS rollouts,
-       round(min(toUnixTimestamp64Micro(s.ts)) / 1e6, 3) AS first_ts
-FROM scored AS s FINAL
-INNER JOIN (SELECT rollout_id FROM rollouts FINAL
-            WHERE run_id = {run:String} AND JSONExtractString(info, 'split') = 'train') AS r
-        ON s.rollout_id = r.rollout_id
-WHERE s.run_id = {run:String}
-GROUP BY version ORDER BY version
-"""
-"""Training-rollout reward by the policy version that sampled them (the reward curve)."""
-
-SCORED_SQL = landed_scores_sql("run_id = {run:String}")
 
 Teacher = Callable[[list[int]], list[int]]
 """Prompt token ids -> the right answer's token ids, ending with <|im_end|>."""
@@ -111,7 +82,7 @@ def task_source(
     env: Environment, run_id: str, held_out_fraction: float = HELD_OUT_FRACTION, seed: int = 0
 ) -> TaskSource:
     """The orchestrator's task draw for `env`: the same held-out split as a run's."""
-    return TaskSource([Source(env, 1.0)], run_id, held_out_fraction, seed)
+    return TaskSource([WeightedEnvironment(env, 1.0)], run_id, held_out_fraction, seed)
 
 
 def train_tasks(
@@ -176,8 +147,8 @@ async def answer_tasks(
     stop = asyncio.Event()
     async with Bus.of(settings) as bus:
         roles = [
-            asyncio.create_task(run_env_producer(settings, env, stop)),
-            asyncio.create_task(run_judge(settings, [env], stop)),
+            asyncio.create_task(build_role("env", settings, env).run(stop)),
+            asyncio.create_task(build_role("judge", settings, [env]).run(stop)),
         ]
         try:
             await bus.publish_many(list(publish))

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from rlbus.bus import Bus
 from rlbus.bus.store import open_store
+from rlbus.bus.store.reads.replay import STEPS
 from rlbus.config.runs import ReplayConfig
 from rlbus.consumers.orchestrator.stored_samples import StoredSamples, stored_samples
-from rlbus.consumers.trainer.loop import step_event
+from rlbus.consumers.trainer.batch_trainer import step_event
 from rlbus.consumers.trainer.sft import train_sft
 from rlbus.consumers.trainer.step import StepResult
 from rlbus.discovery import local_broker
@@ -25,7 +26,6 @@ from rlbus.schemas import TrainBatch, TrainSample, WeightVersion, derived_id
 from rlbus.schemas.packed import tokens
 
 ALGORITHM = "sft"
-STEPS = "SELECT count() FROM train_steps FINAL WHERE run_id = {run:String}"
 
 
 class ReplayRunError(RuntimeError):

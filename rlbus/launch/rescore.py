@@ -22,7 +22,8 @@ from rich.progress import TextColumn
 
 from rlbus.bus import Bus
 from rlbus.bus.store import Store, open_store
-from rlbus.bus.store.sqltext import SqlTextError, Tok, tokens
+from rlbus.bus.store.reads.rescore import GROUP_MEMBERS, RESCORED, STORED, VERSION_SCORES
+from rlbus.bus.store.sqltext import SqlTextError, Tok, sql_tokens
 from rlbus.config import Settings
 from rlbus.console import progress
 from rlbus.discovery import local_broker
@@ -33,10 +34,6 @@ from rlbus.launch.eval_summary import EvalSummary, read_eval_summary
 from rlbus.launch.local_sink import local_sink
 from rlbus.schemas import RolloutCompleted
 
-VERSION_SCORES = (
-    "SELECT count() FROM scored FINAL WHERE run_id = {run:String} AND env = {env:String} "
-    "AND scorer_version = {version:String}"
-)
 GROUPS_AT_ONCE = 64
 """Groups scored concurrently (an LLM judge bounds its own calls further)."""
 
@@ -64,7 +61,7 @@ def checked_where(where: str) -> str:
     """`where` as a condition that stays inside its parentheses: balanced, one statement."""
     depth = 0
     try:
-        for kind, start, end in tokens(where):
+        for kind, start, end in sql_tokens(where):
             text = where[start:end]
             if kind is Tok.SEMICOLON:
                 raise RescoreError(f"--where is one condition; it has a ';' at position {start}")
@@ -84,7 +81,7 @@ def stored_rollouts(
     store: Store, run_id: str, env_id: str, where: str = ""
 ) -> list[RolloutCompleted]:
     """The run's rollouts of the environment that match `where` (SQL over `rollouts`)."""
-    condition = "run_id = {run:String} AND env = {env:String}"
+    condition = STORED
     if where.strip():
         condition += f" AND ({checked_where(where)})"
     try:
@@ -107,7 +104,7 @@ def _groups(
     else:
         members = store.read_events(
             RolloutCompleted,
-            "run_id = {run:String} AND group_id IN {groups:Array(String)}",
+            GROUP_MEMBERS,
             parameters={"run": run_id, "groups": sorted({r.group_id for r in chosen})},
         )
     groups: dict[str, dict[str, RolloutCompleted]] = defaultdict(dict)
@@ -168,14 +165,7 @@ def rescore(
                     + (f" match {where!r}" if where.strip() else "")
                     + f" ({live.store.url})"
                 )
-            done = {
-                str(row[0])
-                for row in store.query(
-                    "SELECT DISTINCT rollout_id FROM scored WHERE run_id = {run:String} "
-                    "AND env = {env:String} AND scorer_version = {version:String}",
-                    scope,
-                ).rows
-            }
+            done = {str(row[0]) for row in store.query(RESCORED, scope).rows}
             chosen = [r for r in selected if r.rollout_id not in done]
             groups = _groups(store, scorer, run_id, chosen) if chosen else []
         before = sink.count(VERSION_SCORES, scope)

@@ -157,7 +157,7 @@ class ScriptedServer(ServerThread):
         return self
 
 
-def serve(scripted: ScriptedModel, port: int) -> None:
+def serve_scripted(scripted: ScriptedModel, port: int) -> None:
     """Serve `scripted` on 127.0.0.1:`port` in the foreground (benchmarks run it in a child
     process, so that it does not share the measured process's CPU)."""
     uvicorn.run(
@@ -171,8 +171,9 @@ def serve(scripted: ScriptedModel, port: int) -> None:
 
 
 def serve_in_child(code: str, timeout_s: float = 60) -> tuple[subprocess.Popen[bytes], str]:
-    """Run `code` (Python that ends in `serve(..., int(sys.argv[1]))`) in a child process on a
-    free loopback port; returns the process and the server's /v1 URL once it answers."""
+    """Run `code` (Python that ends in `serve_scripted(..., int(sys.argv[1]))`) in a child
+    process on a free loopback port; returns the process and the server's /v1 URL once it
+    answers."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", code, str(port)])
     url = f"http://127.0.0.1:{port}/v1"

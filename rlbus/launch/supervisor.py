@@ -1,4 +1,5 @@
-"""`rlbus run`: every role of a run as local child processes on one machine.
+"""`rlbus run`: every role of a run as local child processes on one machine, each
+`rlbus worker ROLE` (so built through the registry of roles, rlbus.launch.roles).
 
 Starts the embedded broker (unless one is configured), the sinks (one holds the store),
 inference replicas, the trainer, the orchestrator (and its standbys), and env producers and
@@ -23,16 +24,18 @@ from rich.live import Live
 
 from rlbus.bus import EmbeddedBroker, free_port
 from rlbus.bus.store import open_store
+from rlbus.bus.store.reads.common import FINAL_STEP
 from rlbus.bus.waiting import wait_for
-from rlbus.clients.inference import healthy
+from rlbus.clients.inference_client import healthy
 from rlbus.config import Settings, data_dir
 from rlbus.config.runs import RunConfig
 from rlbus.discovery import local_broker, reachable, store_served_elsewhere
 from rlbus.launch.broker_losses import unstored
-from rlbus.launch.dashboard import FINAL_STEP, Dashboard
+from rlbus.launch.dashboard import Dashboard
 from rlbus.launch.env_files import env_file
 from rlbus.launch.local_sink import LocalSink
 from rlbus.launch.processes import RoleProcess, exit_reason
+from rlbus.launch.roles import ROLES
 
 
 @dataclass
@@ -66,10 +69,6 @@ class RunView(Protocol):
 
 class BrokerLost(RuntimeError):
     """The broker of a run died under it (an embedded one holds its topics in memory)."""
-
-
-STOP_ORDER = {"orchestrator": 0, "env": 1, "judge": 2, "trainer": 3, "inference": 4, "sink": 5}
-"""Orchestrator and producers first, the trainer (finishing its batch), inference, the sink last."""
 
 
 @contextlib.contextmanager
@@ -289,5 +288,5 @@ class LocalRun:
         return ended.proc.returncode
 
     def stop(self) -> None:
-        for p in sorted(self.processes, key=lambda p: STOP_ORDER.get(p.role, 9)):
+        for p in sorted(self.processes, key=lambda p: ROLES[p.role].stop_rank):
             p.stop()

@@ -25,7 +25,7 @@ from rlbus.ui import charts
 from rlbus.ui.charts import Series, bar_chart, line_chart
 from rlbus.ui.figures import run_figures
 from rlbus.ui.graph import trace_svg
-from rlbus.ui.message_view import messages
+from rlbus.ui.message_view import message_views
 from rlbus.ui.queries import CONSOLE_ROWS, CONSOLE_SECONDS, Queries, RolloutFilters
 from rlbus.ui.source import StoreSource
 from rlbus.ui.tokens import BUCKETS, Decoder, strips
@@ -68,7 +68,7 @@ def _templates() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["num"] = charts.number
+    env.filters["num"] = charts.format_number
     env.filters["ts"] = lambda t: t.strftime("%Y-%m-%d %H:%M:%S") if t else "–"
     env.filters["qs"] = lambda params: urlencode(
         {k: v for k, v in params.items() if v not in ("", None)}
@@ -198,11 +198,11 @@ class Pages:
             title=f"rollout {rollout_id}",
             r=row,
             info=json.loads(row["info"] or "{}"),
-            prompt=messages(row["prompt"]),
-            completion=messages(row["completion"], "assistant"),
+            prompt=message_views(row["prompt"]),
+            completion=message_views(row["completion"], "assistant"),
             svg=trace_svg(nodes),
             nodes=sorted(nodes, key=lambda n: n.index),
-            node_message=lambda n: messages([n.message])[0],
+            node_message=lambda n: message_views([n.message])[0],
             scores=scores,
             timing=timing,
             calls=calls,
@@ -276,8 +276,8 @@ class Pages:
 def _readable(row: dict[str, Any]) -> dict[str, Any]:
     return {
         **row,
-        "prompt_messages": messages(row["prompt"]),
-        "messages": messages(row["completion"], "assistant"),
+        "prompt_messages": message_views(row["prompt"]),
+        "messages": message_views(row["completion"], "assistant"),
     }
 
 

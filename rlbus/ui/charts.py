@@ -22,7 +22,7 @@ class Series:
     """(x, y); a None y (no value at that x) breaks the line."""
 
 
-def number(value: float | int | None) -> str:
+def format_number(value: float | int | None) -> str:
     """A figure for people: thousands separated, at most 4 significant digits."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
@@ -67,7 +67,7 @@ def _legend(names: Sequence[str]) -> list[str]:
 def _y_grid(values: Sequence[float], py: Callable[[float], float]) -> list[str]:
     return [
         f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{py(t):.1f}" y2="{py(t):.1f}"/>'
-        f'<text class="tick y" x="{LEFT - 6}" y="{py(t) + 4:.1f}">{number(t)}</text>'
+        f'<text class="tick y" x="{LEFT - 6}" y="{py(t) + 4:.1f}">{format_number(t)}</text>'
         for t in values
     ]
 
@@ -99,7 +99,8 @@ def line_chart(series: Sequence[Series], title: str, x_label: str = "step") -> M
     body = _y_grid(y_ticks, py)
     for t in x_ticks:
         body.append(
-            f'<text class="tick x" x="{px(t):.1f}" y="{HEIGHT - BOTTOM + 16}">{number(t)}</text>'
+            f'<text class="tick x" x="{px(t):.1f}" y="{HEIGHT - BOTTOM + 16}">'
+            f"{format_number(t)}</text>"
         )
     body.append(f'<text class="axis" x="{WIDTH - RIGHT}" y="{HEIGHT - 4}">{escape(x_label)}</text>')
     label = escape(x_label)
@@ -124,7 +125,8 @@ def line_chart(series: Sequence[Series], title: str, x_label: str = "step") -> M
                 cx, cy = xy
                 body.append(
                     f'<circle class="dot {colour}" cx="{cx}" cy="{cy}" r="2.5">'
-                    f"<title>{name} · {label} {number(x)}: {number(y)}</title></circle>"
+                    f"<title>{name} · {label} {format_number(x)}: {format_number(y)}</title>"
+                    "</circle>"
                 )
     return _frame(title, body, _legend([s.name for s in series]))
 
@@ -159,6 +161,6 @@ def bar_chart(labels: Sequence[str], series: Sequence[Series], title: str) -> Ma
             body.append(
                 f'<rect class="bar s{j % COLOURS}" x="{left:.1f}" y="{top:.1f}" width="{bar:.1f}" '
                 f'height="{max(bottom - top, 0.5):.1f}"><title>{escape(s.name)} · '
-                f"{escape(labels[int(x)])}: {number(y)}</title></rect>"
+                f"{escape(labels[int(x)])}: {format_number(y)}</title></rect>"
             )
     return _frame(title, body, _legend([s.name for s in series]))

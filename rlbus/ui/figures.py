@@ -1,6 +1,6 @@
-"""What a run's curves are, from the run page's query results (rlbus.ui.queries.RUN_CURVES):
-defined once, drawn as SVG by the run page (rlbus.ui.charts) and as PNG by `rlbus report`
-(rlbus.ui.report)."""
+"""What a run's curves are, from the run page's query results (RUN_CURVES in
+rlbus.bus.store.reads.run_page): defined once, drawn as SVG by the run page (rlbus.ui.charts)
+and as PNG by `rlbus report` (rlbus.ui.report)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from markupsafe import Markup, escape
 
 from rlbus.schemas import TraceNode
-from rlbus.ui.message_view import summary
+from rlbus.ui.message_view import message_summary
 
 ROW, LANE, PAD = 24, 26, 14
 TEXT_WIDTH = 560
@@ -34,7 +34,7 @@ def trace_svg(nodes: list[TraceNode]) -> Markup:
             mid = (py + y) / 2
             edges.append(f'<path class="edge" d="M{px},{py} C{px},{mid} {x},{mid} {x},{y}"/>')
         kind = "sampled" if node.sampled else "context"
-        label = f"#{node.index} {node.branch_id} · {node.role}: {summary(node.message, 70)}"
+        label = f"#{node.index} {node.branch_id} · {node.role}: {message_summary(node.message, 70)}"
         dots.append(
             f'<a href="#node-{node.index}"><circle class="node {kind} role-{escape(node.role)}" '
             f'cx="{x}" cy="{y}" r="6"><title>{escape(label)}</title></circle>'

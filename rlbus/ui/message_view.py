@@ -17,7 +17,7 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
-class Message:
+class MessageView:
     role: str
     text: str
     tool_calls: list[ToolCall] = field(default_factory=list)
@@ -25,7 +25,7 @@ class Message:
     name: str = ""
 
 
-def text_of(content: Any) -> str:
+def shown_text(content: Any) -> str:
     """A message's content as text: a string, or the text of its parts (others named)."""
     if content is None:
         return ""
@@ -51,7 +51,7 @@ def _pretty(arguments: Any) -> str:
     return json.dumps(arguments, indent=2, ensure_ascii=False)
 
 
-def message(raw: dict[str, Any]) -> Message:
+def message_view(raw: dict[str, Any]) -> MessageView:
     calls = [
         ToolCall(
             str(c.get("id", "")),
@@ -61,16 +61,16 @@ def message(raw: dict[str, Any]) -> Message:
         for c in raw.get("tool_calls") or []
         if isinstance(c, dict)
     ]
-    return Message(
+    return MessageView(
         role=str(raw.get("role", "")),
-        text=text_of(raw.get("content")),
+        text=shown_text(raw.get("content")),
         tool_calls=calls,
         tool_call_id=str(raw.get("tool_call_id", "") or ""),
         name=str(raw.get("name", "") or ""),
     )
 
 
-def messages(stored: str | list | dict | None, role: str = "user") -> list[Message]:
+def message_views(stored: str | list | dict | None, role: str = "user") -> list[MessageView]:
     """A stored prompt or completion: a JSON list of messages, or a JSON string (one message of
     `role`)."""
     value: Any = stored
@@ -82,13 +82,13 @@ def messages(stored: str | list | dict | None, role: str = "user") -> list[Messa
     if value in (None, "", []):
         return []
     if isinstance(value, str):
-        return [Message(role, value)]
+        return [MessageView(role, value)]
     if isinstance(value, dict):
         value = [value]
-    return [message(m) for m in value if isinstance(m, dict)]
+    return [message_view(m) for m in value if isinstance(m, dict)]
 
 
-def summary(raw: dict[str, Any], limit: int) -> str:
-    shown = message(raw)
+def message_summary(raw: dict[str, Any], limit: int) -> str:
+    shown = message_view(raw)
     text = " ".join(shown.text.split()) or ", ".join(f"{c.name}(…)" for c in shown.tool_calls)
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -19,7 +19,7 @@ from typing import Any
 from markupsafe import Markup
 
 from rlbus.config.secret import SecretUrl
-from rlbus.ui.charts import number
+from rlbus.ui.charts import format_number
 from rlbus.ui.figures import Figure, run_figures
 from rlbus.ui.queries import Queries
 from rlbus.ui.source import StoreSource
@@ -110,7 +110,7 @@ def _cell(value: Any) -> Markup:
     if isinstance(value, bool) or value is None:
         return Markup("<td>{}</td>").format("–" if value is None else value)
     if isinstance(value, int | float):
-        return Markup('<td class="n">{}</td>').format(number(value))
+        return Markup('<td class="n">{}</td>').format(format_number(value))
     if isinstance(value, datetime):
         return Markup("<td>{}</td>").format(value.strftime("%Y-%m-%d %H:%M:%S"))
     if isinstance(value, list | tuple):

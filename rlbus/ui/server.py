@@ -29,7 +29,7 @@ def serve(
     shown = f"[{host}]" if ":" in host else host
     ready(f"http://{shown}:{sock.getsockname()[1]}")
     # What the imports made lives as long as the process: kept out of full collections, which
-    # otherwise scan it all (~70 ms on a small machine) in the middle of some page.
+    # otherwise scan it all in the middle of some page (docs/benchmarks.md records the pause).
     with steady_collector():
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
         server.run(sockets=[sock])

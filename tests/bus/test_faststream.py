@@ -29,7 +29,7 @@ from rlbus.bus.records import CONTENT_TYPE, KIND, to_message
 from rlbus.bus.store import open_store
 from rlbus.bus.topic_reader import read_back, read_records
 from rlbus.bus.waiting import wait_for
-from rlbus.config import KafkaConfig, Settings, settings_env
+from rlbus.config import KafkaConfig, Settings, settings_variables
 from rlbus.config.env import cli_overrides
 from rlbus.discovery import store_served_elsewhere
 from rlbus.environment import load_environment
@@ -200,7 +200,12 @@ def test_example_app_scores_a_live_eval_and_rlbus_stores_its_scores(
     settings = isolated_settings(broker, tmp_path, flush_interval_s=0.1)
     sink = RoleProcess("sink", settings, tmp_path / "logs")
     log = tmp_path / "logs" / "app.log"
-    env = {**os.environ, **settings_env(settings), "ALERT_BELOW": "2", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        **settings_variables(settings),
+        "ALERT_BELOW": "2",
+        "PYTHONUNBUFFERED": "1",
+    }
     with log.open("wb") as out:
         app = subprocess.Popen(
             [sys.executable, "-m", "faststream", "run", "app:app"],

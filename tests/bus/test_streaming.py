@@ -16,7 +16,7 @@ import pytest
 
 from rlbus.bus import free_port
 from rlbus.bus.server_thread import ServerThread
-from rlbus.clients.inference import InferenceClient
+from rlbus.clients.inference_client import InferenceClient
 from rlbus.clients.renderer import make_renderer
 from rlbus.clients.token_api import Delta, GenerateResult, SamplingParams
 from rlbus.config.env import ModelConfig, SamplingConfig

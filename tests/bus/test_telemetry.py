@@ -32,7 +32,7 @@ from support.runs import run_config
 from rlbus.bus import Bus, Delivery, telemetry
 from rlbus.bus.server_thread import ServerThread
 from rlbus.bus.waiting import wait_for
-from rlbus.config import Settings, settings_env
+from rlbus.config import Settings, settings_variables
 from rlbus.config.settings import TelemetryConfig
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.inference.service import build_app, build_backend
@@ -134,7 +134,10 @@ def test_one_rollouts_spans_form_one_tree_across_processes(
         try:
             publish = [sys.executable, "-m", "rlbus", "tasks", "publish", str(source)]
             done = subprocess.run(
-                publish, env=settings_env(settings) | _path_env(), capture_output=True, timeout=120
+                publish,
+                env=settings_variables(settings) | _path_variables(),
+                capture_output=True,
+                timeout=120,
             )
             assert done.returncode == 0, done.stderr.decode()[-2000:]
             size = env.config.group_size
@@ -199,7 +202,7 @@ def test_one_rollouts_spans_form_one_tree_across_processes(
         assert path(published)[0] == f"score {env.id}"
 
 
-def _path_env() -> dict[str, str]:
+def _path_variables() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("RLBUS_")}
 
 
@@ -278,7 +281,7 @@ def test_rlbus_eval_traces_each_task_as_one_tree(
     with ScriptedServer(ScriptedModel(chat=reverse)) as upstream:
         command = [sys.executable, "-m", "rlbus", "eval", str(EXAMPLES / "reverse_text")]
         command += ["-m", "scripted", "--base-url", f"{upstream.url}/v1", "-n", "2"]
-        environment = _path_env() | settings_env(settings) | telemetry_env
+        environment = _path_variables() | settings_variables(settings) | telemetry_env
         done = subprocess.run(command, env=environment, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     env = load_environment(str(EXAMPLES / "reverse_text"))

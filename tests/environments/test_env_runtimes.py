@@ -42,7 +42,7 @@ def run(
     return asyncio.run(main())
 
 
-def test_subprocess_scrubs_the_environment_and_cleans_up(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_subprocess_scrubs_the_variables_and_cleans_up(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SECRET_TOKEN", "do-not-leak")
     code = "import os, json; open('out.txt', 'w').write('x'); print(json.dumps(dict(os.environ)))"
     result, workdir = run(
@@ -64,7 +64,7 @@ def test_subprocess_scrubs_the_environment_and_cleans_up(monkeypatch: pytest.Mon
     assert not workdir.exists()
 
 
-def test_local_runtime_keeps_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_local_runtime_keeps_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VISIBLE_HERE", "yes")
     result, _ = run(RuntimeConfig(kind="local"), "import os; print(os.environ['VISIBLE_HERE'])")
     assert result.stdout.strip() == "yes"

@@ -328,7 +328,7 @@ async def test_the_orchestrator_leaves_judge_nodes_alone(settings: Settings) -> 
     from rlbus.bus.waiting import wait_until
     from rlbus.config.orchestrator import OrchestratorConfig
     from rlbus.consumers.orchestrator.join import Joiner
-    from rlbus.consumers.orchestrator.loop import Orchestrator, run_orchestrator
+    from rlbus.consumers.orchestrator.orchestration import Orchestrator, run_orchestrator
     from rlbus.consumers.orchestrator.task_draw import TaskSource
 
     run = f"orch-{uuid.uuid4().hex[:8]}"

@@ -29,7 +29,7 @@ from rlbus.launch.eval_summary import read_eval_summary, scored_tasks
 from rlbus.launch.rescore import RescoreError, rescore
 from rlbus.schemas import RolloutCompleted, RolloutScored, derived_id
 from rlbus.ui.app import create_app
-from rlbus.ui.charts import number
+from rlbus.ui.charts import format_number
 
 REVERSE_TEXT = str(EXAMPLES / "reverse_text")
 
@@ -156,14 +156,16 @@ def test_the_ui_shows_each_rollouts_newest_score_or_a_chosen_version(
         chosen = httpx.get(f"{ui.url}/runs/{run}", params={"version": first}, timeout=60)
         runs = httpx.get(f"{ui.url}/", timeout=60)
     assert latest.status_code == chosen.status_code == runs.status_code == 200
-    assert f"all · version -1: {number(1.0)}</title>" in latest.text  # unknown: an outside endpoint
-    assert f"all · version -1: {number(1.75)}</title>" in chosen.text
-    assert f"all · version -1: {number(1.0)}</title>" not in chosen.text
+    assert (
+        f"all · version -1: {format_number(1.0)}</title>" in latest.text
+    )  # unknown: an outside endpoint
+    assert f"all · version -1: {format_number(1.75)}</title>" in chosen.text
+    assert f"all · version -1: {format_number(1.0)}</title>" not in chosen.text
     for version in (first, second):
         assert f'<option value="{version}"' in latest.text
     assert f'<option value="{first}" selected>' in chosen.text
     row = re.search(rf'<a href="/runs/{run}">.*?</tr>', runs.text, re.S)
-    assert row is not None and f">{number(1.0)} <small>@v-1</small>" in row.group(0)
+    assert row is not None and f">{format_number(1.0)} <small>@v-1</small>" in row.group(0)
 
 
 def test_where_selects_rollouts_and_group_rewards_see_the_stored_group(

@@ -17,7 +17,7 @@ import pytest
 
 from rlbus.bus import Bus
 from rlbus.bus.topic_reader import read_back
-from rlbus.config import Settings, settings_env
+from rlbus.config import Settings, settings_variables
 from rlbus.schemas import TaskPublished
 
 ROWS = {
@@ -51,7 +51,7 @@ def hf_home(tmp_path: Path) -> Path:
 
 
 def publish(settings: Settings, *args: str, stdin: str = "", hf_home: Path | None = None):
-    env = {**os.environ, **settings_env(settings), "COLUMNS": "200", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, **settings_variables(settings), "COLUMNS": "200", "HF_HUB_OFFLINE": "1"}
     if hf_home is not None:
         env["HF_HOME"] = str(hf_home)
     return subprocess.run(

@@ -22,7 +22,7 @@ from support.isolated import isolated_settings, running_sink
 
 from rlbus.bus import EmbeddedBroker
 from rlbus.bus.store import open_store
-from rlbus.config import ConfigError, Settings, settings_env
+from rlbus.config import ConfigError, Settings, settings_variables
 from rlbus.environment import Environment, Scorer, load_environment
 from rlbus.environment.verifiers import plain_messages
 from rlbus.producers.interception import InterceptionServer
@@ -287,7 +287,7 @@ def test_rlbus_eval_of_a_verifiers_environment_end_to_end(eval_settings: Setting
             [sys.executable, "-m", "rlbus", "eval", "verifiers:vf_reverse_text"]
             + ["--model", "scripted", "--base-url", url, "-n", "6", "-r", "2"]
             + ["--run-id", "vf-e2e"],
-            env={**os.environ, **settings_env(eval_settings), "COLUMNS": "200"},
+            env={**os.environ, **settings_variables(eval_settings), "COLUMNS": "200"},
             capture_output=True,
             text=True,
             timeout=240,

@@ -12,7 +12,7 @@ from rlbus.bus import Bus, EmbeddedBroker
 from rlbus.bus.store import Store
 from rlbus.bus.waiting import wait_until
 from rlbus.config import Settings, load_settings
-from rlbus.consumers.sink import run_sink
+from rlbus.consumers.sink.sink import run_sink
 
 
 def broker_settings(broker: EmbeddedBroker, store: Path, prefix: str = "id.") -> Settings:

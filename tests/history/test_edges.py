@@ -13,11 +13,11 @@ from typer.testing import CliRunner
 
 from rlbus.bus import Bus, Delivery
 from rlbus.cli import app
-from rlbus.config import Settings, settings_env
+from rlbus.config import Settings, settings_variables
 from rlbus.config.env import cli_overrides
-from rlbus.consumers.judge.main import run as run_judge
+from rlbus.consumers.judge.role import JudgeRole
 from rlbus.environment import load_environment
-from rlbus.producers.main import run as run_env_producer
+from rlbus.producers.role import EnvProducerRole
 from rlbus.schemas import DeadLetter, RolloutCompleted, RolloutScored, TaskPublished
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reverse_text"
@@ -47,7 +47,7 @@ async def test_unknown_envs_and_oversized_groups_are_dead_lettered_by_name(
         )
         stop = asyncio.Event()
         producer = asyncio.create_task(
-            run_env_producer(settings, env, stop, run_envs=frozenset({env.id}))
+            EnvProducerRole(settings, env, run_envs=frozenset({env.id})).run(stop)
         )
         async with Bus.of(settings) as bus:
             await bus.publish_many(
@@ -97,13 +97,13 @@ async def test_an_incomplete_group_is_scored_as_errors_after_its_wait(settings: 
     judge held them, and its commits, forever."""
     env = load_environment(str(EXAMPLE), {"group_wait_s": 1.0})
     stop = asyncio.Event()
-    judge = asyncio.create_task(run_judge(settings, [env], stop))
+    judge = asyncio.create_task(JudgeRole(settings, [env]).run(stop))
     async with Bus.of(settings) as bus:
         await bus.publish_many([rollout(i, "orphan", 4) for i in range(2)])
         scored = [d.event for d in await collect(settings, "scored", 2, timeout_s=90)]
         stop.set()
         done = await judge
-    assert done.incomplete == 1
+    assert done.figures["incomplete"] == 1
     assert all(isinstance(s, RolloutScored) and s.status == "error" for s in scored)
     assert {s.error for s in scored} == {  # type: ignore[attr-defined]
         "group incomplete: 2 of 4 rollouts arrived within group_wait_s = 1s"
@@ -115,7 +115,7 @@ def test_eval_refuses_a_run_id_that_is_already_stored(
 ) -> None:
     """On main a second `rlbus eval --run-id R` waited 300 s for scores that merged into the
     first's rows, then failed with a TimeoutError."""
-    for key, value in settings_env(settings).items():
+    for key, value in settings_variables(settings).items():
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(tmp_path)
     with ScriptedServer() as upstream:

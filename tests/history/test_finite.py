@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +27,18 @@ class Numbers(TaskSet):
         return float(text)
 
 
+RELEASE_HOG = threading.Event()
+HOG_RETURNED = threading.Event()
+
+
 class Hog(TaskSet):
     @reward
     def quadratic(self, text: str) -> float:
         if text == "hog":
-            time.sleep(3)  # a synchronous reward that holds its thread (an O(n*m) diff)
+            # A synchronous reward that holds its thread (an O(n*m) diff) until the test lets it
+            # go; the wait's own limit only keeps a judge that waits for it from hanging forever.
+            RELEASE_HOG.wait(60)
+            HOG_RETURNED.set()
         return 1.0
 
 
@@ -70,11 +77,17 @@ def test_a_non_finite_reward_is_an_error_with_its_name() -> None:
 
 
 def test_a_blocking_reward_times_out_without_holding_the_others() -> None:
-    started = time.monotonic()
-    hog, fine = score("Hog", rollouts("hog", "fine"), reward_timeout_s=0.5)
-    assert time.monotonic() - started < 2.5  # the 3 s reward did not hold the judge
+    RELEASE_HOG.clear()
+    HOG_RETURNED.clear()
+    try:
+        hog, fine = score("Hog", rollouts("hog", "fine"), reward_timeout_s=0.5)
+        # The scores came back while the reward still held its thread: the judge did not wait.
+        assert not HOG_RETURNED.is_set()
+    finally:
+        RELEASE_HOG.set()
     assert hog.status == "error" and hog.error == "reward 'quadratic' timed out after 0.5s"
     assert (fine.status, fine.reward) == ("ok", 1.0)
+    assert HOG_RETURNED.wait(60)  # its thread was given up, not stopped: it ends once let go
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from rlbus.bus import Bus, Delivery
 from rlbus.config import Settings, load_settings
 from rlbus.config.runs import RunConfig
 from rlbus.consumers.orchestrator.build import build_orchestrator
-from rlbus.consumers.orchestrator.loop import run_orchestrator
+from rlbus.consumers.orchestrator.orchestration import run_orchestrator
 from rlbus.schemas import (
     Event,
     RolloutCompleted,
@@ -157,9 +157,9 @@ async def test_a_restarted_inference_worker_serves_the_runs_weights_before_anyth
     from safetensors.torch import save_file
 
     from rlbus.bus import free_port
-    from rlbus.consumers.inference.main import run_worker
     from rlbus.consumers.inference.model_init import init_model
     from rlbus.consumers.inference.service import build_app, build_backend
+    from rlbus.consumers.inference.serving import serve_following_weights
 
     model = tmp_path / "tiny"
     init_model(model, seed=0)
@@ -171,7 +171,9 @@ async def test_a_restarted_inference_worker_serves_the_runs_weights_before_anyth
     port = free_port()
     stop = asyncio.Event()
     worker = asyncio.create_task(
-        run_worker(settings, backend, build_app(backend, model), "127.0.0.1", port, stop)
+        serve_following_weights(
+            settings, backend, build_app(backend, model), "127.0.0.1", port, stop
+        )
     )
     seen: list[tuple[int, int | None]] = []
     try:

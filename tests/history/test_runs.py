@@ -18,7 +18,7 @@ from rlbus.config import Settings
 from rlbus.config.env import cli_overrides
 from rlbus.environment import load_environment
 from rlbus.launch.eval import run_eval
-from rlbus.producers.main import run as run_env_producer
+from rlbus.producers.role import EnvProducerRole
 from rlbus.schemas import TaskPublished
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reverse_text"
@@ -63,7 +63,7 @@ async def test_a_later_run_leaves_an_eval_alone(sinked: Settings) -> None:
                 ]
             )
         stop = asyncio.Event()
-        producer = asyncio.create_task(run_env_producer(run_b, env_b, stop))
+        producer = asyncio.create_task(EnvProducerRole(run_b, env_b).run(stop))
         rows_b = "SELECT count() FROM rollouts FINAL WHERE run_id = 'run-b'"
         await wait_until(lambda: query(sinked, rows_b)[0][0] >= 6, 120, "run B's rollouts")
         await asyncio.sleep(3)  # long enough for anything else it would do
@@ -73,7 +73,7 @@ async def test_a_later_run_leaves_an_eval_alone(sinked: Settings) -> None:
         sinked, "SELECT rollout_id, model FROM rollouts FINAL WHERE run_id = 'run-a' ORDER BY 1"
     )
     assert after == before and {m for _, m in after} == {"a"} and len(after) == 10
-    assert done.rollouts == 6 and done.skipped == {"run-a": 5}
+    assert done.figures["rollouts"] == 6 and done.figures["skipped"] == {"run-a": 5}
     models = query(sinked, "SELECT DISTINCT model FROM rollouts FINAL WHERE run_id = 'run-b'")
     assert models == [("b",)]
 

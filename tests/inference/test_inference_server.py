@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from support.bpe_model import IM_END, smollm2_tokenizer, tiny_bpe_model
 
 from rlbus.bus import Bus, Delivery, free_port
-from rlbus.clients.inference import InferenceClient, InferenceError, healthy
+from rlbus.clients.inference_client import InferenceClient, InferenceError, healthy
 from rlbus.clients.renderer import TemplateRenderer
 from rlbus.config import Settings
 from rlbus.consumers.inference.api import (
@@ -27,10 +27,10 @@ from rlbus.consumers.inference.api import (
     ScoreResult,
 )
 from rlbus.consumers.inference.engine import Engine
-from rlbus.consumers.inference.main import run_worker
 from rlbus.consumers.inference.model_init import init_model
-from rlbus.consumers.inference.server import create_app
+from rlbus.consumers.inference.server import create_inference_app
 from rlbus.consumers.inference.service import build_app, build_backend
+from rlbus.consumers.inference.serving import serve_following_weights
 from rlbus.schemas import WeightLoaded, WeightVersion
 
 VERSION = "x-rlbus-policy-version"
@@ -413,7 +413,7 @@ async def test_worker_follows_weights_on_the_bus(
     app = build_app(backend, model_dir, model_name="tiny")
     stop = asyncio.Event()
     worker = asyncio.create_task(
-        run_worker(settings, backend, app, "127.0.0.1", port, stop, worker_id="w-test")
+        serve_following_weights(settings, backend, app, "127.0.0.1", port, stop, worker_id="w-test")
     )
     loaded: list[WeightLoaded] = []
     seen = asyncio.Event()
@@ -514,7 +514,7 @@ async def test_tool_calls_come_back_parsed(model_dir: Path) -> None:
         'Checking. <tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>',
         add_special_tokens=False,
     ) + [tokenizer.eos_token_id]
-    app = create_app(
+    app = create_inference_app(
         ScriptedBackend(ids), TemplateRenderer(tokenizer), lambda t: tokenizer.decode([t]), "tiny"
     )
     port = free_port()

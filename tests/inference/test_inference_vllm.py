@@ -15,11 +15,11 @@ from rlbus.consumers.inference.vllm_backend import (
     delta_of,
     reload_call,
     result_of,
+    sampled_logprobs,
     sampling_kwargs,
     score_kwargs,
     score_of,
     stage_checkpoint,
-    token_logprobs,
 )
 
 
@@ -134,7 +134,7 @@ def test_result_from_a_finished_request_output() -> None:
 
 def test_missing_or_odd_outputs_are_errors() -> None:
     with pytest.raises(RequestError, match="no log-probs"):
-        token_logprobs([1], None, 0)
+        sampled_logprobs([1], None, 0)
     with pytest.raises(RequestError, match="unexpected reason"):
         result_of(
             request_output([1], completion([5], [{5: logprob(-1.0, 1)}], None)),

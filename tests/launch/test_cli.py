@@ -16,7 +16,7 @@ import pytest
 
 from rlbus.bus import EmbeddedBroker
 from rlbus.bus.waiting import wait_for
-from rlbus.config import Settings, settings_env
+from rlbus.config import Settings, settings_variables
 from rlbus.discovery import store_served_elsewhere
 from rlbus.launch.processes import RoleProcess, alive
 
@@ -29,7 +29,7 @@ ROWS = [
 def rlbus(
     settings: Settings, *args: str, cwd: Path | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    return run_cli({**os.environ, **settings_env(settings)}, *args, cwd=cwd, timeout=timeout)
+    return run_cli({**os.environ, **settings_variables(settings)}, *args, cwd=cwd, timeout=timeout)
 
 
 def run_cli(

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlbus.cli import app
-from rlbus.config import ConfigError, load_settings, parse_overrides, settings_env
+from rlbus.config import ConfigError, load_settings, parse_overrides, settings_variables
 
 
 def test_precedence_toml_env_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -84,8 +84,8 @@ def test_overrides_parse_nested_and_flags() -> None:
         parse_overrides(["stray"])
 
 
-def test_settings_env_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_settings_variables_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
     s = load_settings(overrides=["--kafka.bootstrap-servers", "h:1", "--store.serve-http", "false"])
-    for key, value in settings_env(s).items():
+    for key, value in settings_variables(s).items():
         monkeypatch.setenv(key, value)
     assert load_settings() == s

@@ -109,11 +109,11 @@ async def test_restarted_orchestrator_learns_where_the_run_stands(
     from support.in_process import local_roles
 
     from rlbus.consumers.orchestrator.build import build_orchestrator
-    from rlbus.consumers.orchestrator.loop import run_orchestrator
+    from rlbus.consumers.orchestrator.orchestration import run_orchestrator
 
     cfg = run_config(settings, tiny, tmp_path, mode="sync", eval_every=0, drop_zero_signal=False)
     cfg = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"announce_every_s": 1.0})})
-    async with local_roles(cfg, EXAMPLE) as (cfg, bus, store):
+    async with local_roles(cfg, EXAMPLE) as (cfg, bus, store, _):
         first = build_orchestrator(bus, cfg, EXAMPLE)
         stop_first = asyncio.Event()
         running = asyncio.create_task(run_orchestrator(bus, first, stop_first))
@@ -149,12 +149,12 @@ async def test_an_orchestrator_started_after_the_last_batch_finishes_the_run(
 
     from rlbus.bus.topic_reader import read_back
     from rlbus.consumers.orchestrator.build import build_orchestrator
-    from rlbus.consumers.orchestrator.loop import run_orchestrator
+    from rlbus.consumers.orchestrator.orchestration import run_orchestrator
     from rlbus.schemas import TrainBatch
 
     cfg = run_config(settings, tiny, tmp_path, mode="sync", eval_every=0, drop_zero_signal=False)
     cfg = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"announce_every_s": 1.0})})
-    async with local_roles(cfg, EXAMPLE) as (cfg, bus, store):
+    async with local_roles(cfg, EXAMPLE) as (cfg, bus, store, _):
         first = build_orchestrator(bus, cfg, EXAMPLE)
         await asyncio.wait_for(run_orchestrator(bus, first, asyncio.Event()), 240)
         assert first.trained == 4

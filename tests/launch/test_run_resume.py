@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from rlbus.bus import Bus
-from rlbus.config import Settings, settings_env
+from rlbus.config import Settings, settings_variables
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.schemas import TrainBatch, TrainSample, derived_id, masks
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
@@ -31,7 +31,7 @@ CLI = (
 
 
 def trainer_process(settings: Settings, args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, **settings_env(settings), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **settings_variables(settings), "PYTHONUNBUFFERED": "1"}
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-c", CLI, "worker", "trainer", *args],
@@ -97,7 +97,7 @@ def test_killed_trainer_resumes_and_trains_every_batch_once(
         [sys.executable, "-c", CLI, "worker", "trainer", *args, "--resume"],
         capture_output=True,
         text=True,
-        env={**os.environ, **settings_env(settings)},
+        env={**os.environ, **settings_variables(settings)},
         timeout=120,
         check=False,
     )
@@ -132,7 +132,7 @@ def test_killed_trainer_resumes_and_trains_every_batch_once(
         [sys.executable, "-c", CLI, "worker", "trainer", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, **settings_env(settings)},
+        env={**os.environ, **settings_variables(settings)},
         timeout=120,
         check=False,
     )

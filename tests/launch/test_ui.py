@@ -37,11 +37,11 @@ from tokenizers import Tokenizer
 from rlbus.bus import EmbeddedBroker
 from rlbus.bus.store import Store, open_store
 from rlbus.bus.waiting import wait_for
-from rlbus.config import Settings, settings_env
+from rlbus.config import Settings, settings_variables
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.launch.processes import alive
 from rlbus.schemas import DeadLetter, RolloutCompleted, RolloutScored, derived_id
-from rlbus.ui.charts import number
+from rlbus.ui.charts import format_number
 from rlbus.ui.server import serve
 
 NEWEST_SCORES = "(SELECT * FROM scored FINAL ORDER BY rollout_id, ts DESC LIMIT 1 BY rollout_id)"
@@ -76,7 +76,7 @@ def start_ui(
     decode = ["--tokenizer", str(tokenizer)] if tokenizer else []
     process = subprocess.Popen(
         [sys.executable, "-m", "rlbus", "ui", "--port", "0", *decode],
-        env={**os.environ, **settings_env(settings), "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, **settings_variables(settings), "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
         stderr=log.open("wb"),
         text=True,
@@ -235,7 +235,7 @@ def test_runs_page_lists_both_runs_with_mode_steps_and_latest_reward(world: Worl
     cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(0), re.S)
     text = [re.sub(r"<[^>]+>", "", c).strip() for c in cells]
     assert text[1] == "reverse_text" and text[3] == "train" and text[5] == str(steps)
-    assert text[8] == f"{number(reward)} @v{version}"
+    assert text[8] == f"{format_number(reward)} @v{version}"
     assert f'href="/runs/{world.other}"' in page and ">eval<" in page
 
 
@@ -251,19 +251,19 @@ def test_run_page_shows_the_curves_and_the_views(world: World) -> None:
     )
     assert updates and all(workers >= 1 and served >= 0 for _, workers, served, _ in updates)
     for version, _, served, _ in updates:
-        assert f"to last worker · version {version}: {number(served)}" in page
+        assert f"to last worker · version {version}: {format_number(served)}" in page
     losses = sql(
         world, "SELECT step, loss FROM train_steps FINAL WHERE run_id = {run:String} ORDER BY step"
     )
     for step, loss in losses:
-        assert f"loss · step {step}: {number(loss)}" in page
+        assert f"loss · step {step}: {format_number(loss)}" in page
     # Reward by version, from the base table rather than the view the page reads.
     for version, rollouts, mean in sql(
         world,
         f"SELECT policy_version, count(), avgIf(reward, status = 'ok') FROM {NEWEST_SCORES} "
         "WHERE run_id = {run:String} GROUP BY policy_version ORDER BY policy_version",
     ):
-        assert f"all · version {version}: {number(mean)}" in page
+        assert f"all · version {version}: {format_number(mean)}" in page
         assert re.search(rf"<td class=\"n\">{version}</td>\s*<td class=\"n\">{rollouts}</td>", page)
     assert 'href="/rollouts?run=' in page and "error_kind=timeout" in page
     assert "dead_letter:tasks" in page and "pass@k" in page
@@ -348,7 +348,7 @@ def test_rollout_page_has_messages_trace_scores_timing_and_tokens(world: World) 
     )
     scores = re.search(r'<table class="nav" id="scores">.*?</table>', page, re.S).group(0)
     assert len(re.findall(r"<tr>", scores)) == 1 + len(rewards) == 3
-    assert all(number(r) in scores for (r,) in rewards) and "rescored" in scores
+    assert all(format_number(r) in scores for (r,) in rewards) and "rescored" in scores
     # The trace graph: a node per stored trace node.
     (nodes,) = sql(
         world,
@@ -364,7 +364,10 @@ def test_rollout_page_has_messages_trace_scores_timing_and_tokens(world: World) 
         r=world.rescored,
     )[0]
     assert 0 < model_s < duration
-    assert f"model {number(model_s)} s" in page and f"{number(duration)} s in all" in page
+    assert (
+        f"model {format_number(model_s)} s" in page
+        and f"{format_number(duration)} s in all" in page
+    )
     # Token strip: one underlined (loss) token per sampled id, decoded, with its version.
     ((ids, version),) = sql(
         world,

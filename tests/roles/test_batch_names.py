@@ -11,7 +11,7 @@ from rlbus.config import Settings
 from rlbus.config.orchestrator import AlgorithmConfig, OrchestratorConfig
 from rlbus.consumers.orchestrator.algorithms import Context, make_algorithm
 from rlbus.consumers.orchestrator.join import Joiner
-from rlbus.consumers.orchestrator.loop import Orchestrator
+from rlbus.consumers.orchestrator.orchestration import Orchestrator
 from rlbus.consumers.orchestrator.staleness_gate import ReadyGroup
 from rlbus.consumers.orchestrator.task_draw import TaskSource
 from rlbus.schemas import TrainBatch, TrainSample

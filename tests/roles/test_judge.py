@@ -16,7 +16,7 @@ from rlbus.bus import Bus
 from rlbus.bus.store import open_store
 from rlbus.bus.waiting import wait_for
 from rlbus.config import Settings
-from rlbus.consumers.judge.main import run as run_judge
+from rlbus.consumers.judge.role import JudgeRole
 from rlbus.discovery import store_served_elsewhere
 from rlbus.environment import (
     Scorer,
@@ -28,7 +28,7 @@ from rlbus.environment import (
 )
 from rlbus.environment.rules import threads
 from rlbus.launch.processes import RoleProcess, alive
-from rlbus.producers.main import run as run_env_producer
+from rlbus.producers.role import EnvProducerRole
 from rlbus.schemas import RolloutCompleted, RolloutScored
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -185,8 +185,8 @@ def test_env_producer_and_judge_over_the_bus(settings: Settings, sink: RoleProce
         async def main() -> None:
             stop = asyncio.Event()
             workers = [
-                asyncio.create_task(run_env_producer(settings, env, stop)),
-                asyncio.create_task(run_judge(settings, [env], stop)),
+                asyncio.create_task(EnvProducerRole(settings, env).run(stop)),
+                asyncio.create_task(JudgeRole(settings, [env]).run(stop)),
             ]
             async with Bus.of(settings) as bus:
                 await bus.publish_many(tasks)

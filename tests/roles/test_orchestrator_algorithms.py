@@ -13,7 +13,7 @@ from rlbus.consumers.orchestrator.algorithms import (
     make_algorithm,
 )
 from rlbus.consumers.orchestrator.join import Joiner
-from rlbus.consumers.orchestrator.loop import has_signal
+from rlbus.consumers.orchestrator.orchestration import has_signal
 from rlbus.schemas import (
     RolloutCompleted,
     RolloutScored,
@@ -217,15 +217,15 @@ def test_joiner_waits_for_every_piece_of_every_member() -> None:
 def test_training_tasks_go_round_in_epochs_and_never_include_held_out_ones() -> None:
     from pathlib import Path
 
-    from rlbus.consumers.orchestrator.task_draw import Source, TaskSource, held_out
+    from rlbus.consumers.orchestrator.task_draw import TaskSource, WeightedEnvironment, is_held_out
     from rlbus.environment import load_environment
 
     env = load_environment(
         str(Path(__file__).resolve().parents[2] / "examples" / "reverse_text"),
         {"args": {"n": 40}},
     )
-    source = TaskSource([Source(env, 1.0)], "run", held_out_fraction=0.2, seed=0)
-    train = [t.task_id for t in env.tasks("run") if not held_out(t.task_id, 0.2)]
+    source = TaskSource([WeightedEnvironment(env, 1.0)], "run", held_out_fraction=0.2, seed=0)
+    train = [t.task_id for t in env.tasks("run") if not is_held_out(t.task_id, 0.2)]
     drawn = [source.next_train() for _ in range(2 * len(train))]
     first, second = (
         [t.task_id for t in drawn[: len(train)]],

@@ -1,10 +1,11 @@
 """A second orchestrator of a run waits as a standby and takes over when the leader is
 SIGKILLed: `rlbus run`'s roles as processes on the real broker and a chdb store, the leader
-found by its log and killed by PID, then every step's batches counted with SQL."""
+found by its log and killed by PID, then every step's batches counted with SQL. How long the
+run stands still meanwhile is measured by `python bench/faults.py --replicas 2` (stalled_s),
+not asserted here."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -70,9 +71,7 @@ def test_a_standby_orchestrator_takes_over_with_one_batch_per_step(tmp_path: Pat
             other = standby if active is first else first
             assert LEADS not in other.log_path.read_text()  # it waited
             active.kill()  # SIGKILL: no chance to leave the group or commit
-            killed_at = time.monotonic()
             wait_for(lambda: LEADS in other.log_path.read_text(), 120, "the standby to lead")
-            took_over_s = time.monotonic() - killed_at
             assert other.proc.wait(600) == 0, other.log_tail()  # it finished the run
             # The sink may still be inserting the last batch; one never published never lands.
             wait_for(lambda: batches() >= steps, 120, f"{steps} batches in the store")
@@ -87,4 +86,3 @@ def test_a_standby_orchestrator_takes_over_with_one_batch_per_step(tmp_path: Pat
     assert [s for s, _, _ in per_step] == list(range(1, steps + 1)), per_step  # no gap
     assert all(n == 1 and digests == 1 for _, n, digests in per_step), per_step  # one each
     assert conflicts == [(0,)]
-    assert took_over_s < 60, took_over_s

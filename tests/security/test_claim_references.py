@@ -84,7 +84,6 @@ async def test_hostile_claim_references_are_dead_lettered(
         "missing": ("tasks/never-written.msgpack", 10),
     }
     try:
-        started = time.monotonic()
         async with Bus.of(settings) as bus:
             for name, (reference, size) in attacks.items():
                 headers = [
@@ -98,7 +97,6 @@ async def test_hostile_claim_references_are_dead_lettered(
             await bus.publish(TaskPublished(task_id="good", env="e", prompt="p"))
             got = await collect(bus, "env", "tasks", 1, 60)
             dead = await collect(bus, "ops", "dlq", len(attacks), 60)
-        elapsed = time.monotonic() - started
     finally:
         server.shutdown()
         server.server_close()
@@ -112,13 +110,15 @@ async def test_hostile_claim_references_are_dead_lettered(
         assert "has a scheme" in errors[name], errors[name]
     assert "absolute path" in errors["absolute path"]
     assert "'..' component" in errors["dot-dot"]
+    # Refused as no regular file, not given up after claim_check.read_timeout_s: opening the
+    # FIFO did not wait for a writer, so it wedged no reader.
     for name in ("fifo", "link to /dev/zero", "link outside"):
         assert "not" in errors[name] and "regular file" in errors[name], errors[name]
+        assert "was not read within" not in errors[name], errors[name]
     assert "claim_check.max_bytes" in errors["over max_bytes"]
     assert "holds 2 bytes, its stub says 1000" in errors["size mismatch"]
     assert "expired after claim_check.retention_s" in errors["missing"]
     assert Counting.requests == []  # the http reference was never fetched
-    assert elapsed < 45  # the FIFO wedged nothing
 
 
 def test_publishers_write_keys_and_claims_expire(settings: Settings) -> None:

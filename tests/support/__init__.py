@@ -11,8 +11,8 @@ from rlbus.launch.scripted_model import (
     ScriptedModel,
     ScriptedServer,
     reverse_task_word,
-    serve,
     serve_in_child,
+    serve_scripted,
 )
 from support.cpu import CpuMeter, TreeCpuSampler, cpu_of, own_cpu, tree_cpu
 
@@ -24,7 +24,7 @@ __all__ = [
     "cpu_of",
     "own_cpu",
     "reverse_task_word",
-    "serve",
+    "serve_scripted",
     "serve_in_child",
     "tree_cpu",
 ]

@@ -16,9 +16,9 @@ from rlbus.consumers.inference.checkpoint_reader import CheckpointError
 from rlbus.consumers.inference.engine import Engine
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.inference.weights import WeightFollower
+from rlbus.consumers.trainer.batch_trainer import step_line
 from rlbus.consumers.trainer.batching import collate, pack
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, NothingToResume
-from rlbus.consumers.trainer.loop import step_line
 from rlbus.consumers.trainer.policy import full_weights, load_policy, token_logprobs
 from rlbus.consumers.trainer.session import CheckpointExists, open_session
 from rlbus.consumers.trainer.step import StepResult, Trainer, lr_factor
@@ -263,7 +263,7 @@ async def test_trainer_worker_never_trains_stale_samples_counts_them_and_skips_r
     import asyncio
 
     from rlbus.bus import Delivery
-    from rlbus.consumers.trainer.loop import TrainerWorker
+    from rlbus.consumers.trainer.batch_trainer import BatchTrainer
     from rlbus.schemas import TrainBatch, TrainStep, WeightVersion
 
     session = open_session(TrainerConfig(), str(tiny), str(tmp_path / "ckpt"), 10, resume=False)
@@ -275,7 +275,7 @@ async def test_trainer_worker_never_trains_stale_samples_counts_them_and_skips_r
         return session.trainer.step(samples, version)
 
     bus = RecordingBus()
-    worker = TrainerWorker(
+    worker = BatchTrainer(
         bus, step, session.checkpoints, session.state, session.hooks, "run", 2, 10, asyncio.Event()
     )
     samples = [sample([1, 2, 3, 4], 1, version=v, rollout=f"v{v}") for v in (5, 4, 3, 2, 1)]

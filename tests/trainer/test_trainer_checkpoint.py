@@ -17,7 +17,7 @@ from rlbus.bus.commits import Holds
 from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.inference.engine import Engine
 from rlbus.consumers.inference.model_init import init_model
-from rlbus.consumers.trainer.loop import TrainerWorker
+from rlbus.consumers.trainer.batch_trainer import BatchTrainer
 from rlbus.consumers.trainer.session import open_session
 from rlbus.schemas import TrainBatch, TrainSample, TrainStep, masks
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
@@ -53,8 +53,8 @@ class RecordingBus:
 
 def worker_for(
     session, bus: RecordingBus, max_steps: int = 10, incarnation: str = ""
-) -> TrainerWorker:
-    return TrainerWorker(
+) -> BatchTrainer:
+    return BatchTrainer(
         bus,
         session.trainer.step,
         session.checkpoints,

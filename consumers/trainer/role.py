@@ -1,6 +1,6 @@
-"""The trainer role's entry (`rlbus worker trainer`), the FSDP rank dispatch included: every
-rank opens the session (sharding the model together); rank 0 consumes `batches` and hands each
-step to the others, which follow until it stops. One process without FSDP is rank 0 alone.
+"""The trainer role (`rlbus worker trainer`), the FSDP rank dispatch included: every rank opens
+the session (sharding the model together); rank 0 consumes `batches` and hands each step to the
+others, which follow until it stops. One process without FSDP is rank 0 alone.
 
 With `trainer.parallel = "fsdp"` or `"torchtitan"` and no torchrun around it, the trainer
 process is rank 0 and starts ranks 1..N-1 itself (torch.multiprocessing, spawn). They die with
@@ -22,12 +22,16 @@ import torch
 from torch.multiprocessing.spawn import ProcessContext, start_processes
 
 from rlbus.bus import Bus, free_port
+from rlbus.bus.role import RoleSummary
 from rlbus.config.runs import RunConfig
-from rlbus.consumers.trainer.loop import Step, TrainerWorker, run_trainer
+from rlbus.consumers.trainer.batch_trainer import GROUP, BatchTrainer, Step, train_batches
 from rlbus.consumers.trainer.session import Session, open_session
+from rlbus.schemas import group_of
 
 
-class TrainerRole:
+class TrainerRank:
+    """This process's rank of the trainer, its session open."""
+
     def __init__(self, cfg: RunConfig, session: Session):
         self.cfg = cfg
         self.session = session
@@ -47,7 +51,7 @@ class TrainerRole:
         """Rank 0: train every batch of the run until max_steps or `stop`; returns the step."""
         s, cfg = self.session, self.cfg
         async with Bus.of(cfg) as bus:
-            worker = TrainerWorker(
+            trainer = BatchTrainer(
                 bus,
                 self.step,
                 s.checkpoints,
@@ -60,7 +64,7 @@ class TrainerRole:
                 s.checkpoint_every,
                 s.incarnation,
             )
-            await run_trainer(bus, worker)
+            await train_batches(bus, trainer)
         return s.state.step
 
     def follow(self) -> None:
@@ -112,8 +116,8 @@ def _follower(index: int, cfg: RunConfig, resume: bool, world: int, port: int) -
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     rank = index + 1
     _join(cfg, rank, world, port)
-    with trainer_role(cfg, resume) as role:
-        role.follow()
+    with trainer_rank(cfg, resume) as part:
+        part.follow()
 
 
 def _join(cfg: RunConfig, rank: int, world: int, port: int) -> None:
@@ -178,13 +182,44 @@ def _ranks(cfg: RunConfig, resume: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def trainer_role(cfg: RunConfig, resume: bool) -> Iterator[TrainerRole]:
+def trainer_rank(cfg: RunConfig, resume: bool) -> Iterator[TrainerRank]:
     """Join the ranks (FSDP) and open the session; on leaving, rank 0 tells the followers to
     stop."""
     with _ranks(cfg, resume) if cfg.trainer.distributed else contextlib.nullcontext():
         session = open_session(cfg.trainer, cfg.model, cfg.checkpoint_url(), cfg.max_steps, resume)
-        role = TrainerRole(cfg, session)
+        rank = TrainerRank(cfg, session)
         try:
-            yield role
+            yield rank
         finally:
-            role.close()
+            rank.close()
+
+
+class TrainerRole:
+    """Trains every batch of the run until max_steps or `stop`, one optimizer step each,
+    publishing a WeightVersion and a TrainStep per step. `resume`: from the run's newest
+    checkpoint (NothingToResume without one; without `resume` an existing one is refused,
+    CheckpointExists)."""
+
+    name = "trainer"
+    reads = ("batches",)
+    writes = ("weights", "steps")
+
+    def __init__(self, cfg: RunConfig, resume: bool = False):
+        self.cfg = cfg
+        self.resume = resume
+
+    def groups(self) -> list[str]:
+        return [group_of(GROUP, self.cfg.run_id)]
+
+    def describe(self) -> str:
+        cfg = self.cfg
+        return f"trainer: {cfg.model}, checkpoints {cfg.checkpoint_url()}"
+
+    async def run(self, stop: asyncio.Event) -> RoleSummary:
+        with trainer_rank(self.cfg, self.resume) as rank:
+            log.info("trainer at step %d", rank.session.state.step)
+            if not rank.leads:
+                rank.follow()
+                return RoleSummary(self.name, f"rank {rank.session.trainer.ranks.rank} stopped")
+            step = await rank.run(stop)
+        return RoleSummary(self.name, f"trainer stopped at step {step}", figures={"step": step})

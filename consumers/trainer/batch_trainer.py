@@ -1,5 +1,5 @@
-"""`rlbus worker trainer`: consume `batches`, train one optimizer step per TrainBatch, write
-weights + checkpoint, publish WeightVersion and TrainStep.
+"""The trainer's work (its door: consumers/trainer/role.py): consume `batches`, train one
+optimizer step per TrainBatch, write weights + checkpoint, publish WeightVersion and TrainStep.
 
 Exactly-once training on an at-least-once bus: the trainer state (with the ids of every batch
 trained) is saved every `checkpoint_every` steps, and a batch's offset stays held (uncommitted)
@@ -46,7 +46,7 @@ class Hooks:
     num_params: int
 
 
-class TrainerWorker:
+class BatchTrainer:
     def __init__(
         self,
         bus: Bus,
@@ -253,7 +253,7 @@ def step_event(
     )
 
 
-async def run_trainer(bus: Bus, worker: TrainerWorker) -> TrainerWorker:
+async def train_batches(bus: Bus, worker: BatchTrainer) -> BatchTrainer:
     """Announce the current weights, then train until max_steps or `worker.stop`."""
     await worker.announce()
     if worker.state.step >= worker.max_steps:

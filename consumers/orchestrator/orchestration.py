@@ -1,4 +1,5 @@
-"""`rlbus worker orchestrator`: scored rollouts in, TrainBatches and tasks out.
+"""The orchestrator's work: scored rollouts in, TrainBatches and tasks out (its door:
+consumers/orchestrator/role.py).
 
 One consumer (one group join) reads trace-nodes, tokens, rollouts, scored and weights. Steps
 are counted by the trainer's versions: batch s is trained on version s-1, so a sample's
@@ -12,9 +13,9 @@ One orchestrator leads a run (bus.leadership); others started for it wait as sta
 takes over, from what the bus holds, when the leader is gone.
 
 The Orchestrator wires the parts, each readable alone: join.py (a rollout's pieces into groups),
-holds.py (their deliveries kept uncommitted until batched), algorithms.py (a group into samples),
-held_out.py (evaluations), staleness_gate.py (what a batch takes) and pacing.py (when to batch
-and how many tasks to publish, by mode).
+holds.py (their deliveries kept uncommitted until batched), algorithms.py (a group into
+samples, by the environment's algorithm), held_out.py (evaluations), staleness_gate.py (what a
+batch takes) and pacing.py (when to batch and how many tasks to publish, by mode).
 """
 
 from __future__ import annotations

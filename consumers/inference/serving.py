@@ -1,5 +1,5 @@
-"""The inference role (`rlbus worker inference`): serve HTTP and follow the `weights` topic in
-one process.
+"""Serving while following the `weights` topic, in one process (the inference role's work; its
+door: consumers/inference/role.py).
 
 Every inference worker must load every WeightVersion, so each consumes `weights` in a
 consumer group of its own (`inference-<worker id>`) rather than sharing one group, which
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from pathlib import Path
 
 import msgspec
 import uvicorn
@@ -22,7 +21,7 @@ from rlbus.bus.topic_reader import read_back
 from rlbus.bus.waiting import wait_until
 from rlbus.config import Settings
 from rlbus.consumers.heartbeat import keep_announcing
-from rlbus.consumers.inference.api import BackendKind, InferenceBackend
+from rlbus.consumers.inference.api import InferenceBackend
 from rlbus.consumers.inference.weights import WeightFollower, newest
 from rlbus.schemas import WeightLoaded, group_of
 
@@ -30,6 +29,11 @@ from rlbus.schemas import WeightLoaded, group_of
 def default_worker_id(port: int) -> str:
     """Stable across restarts of the same worker, so its consumer group resumes where it stopped."""
     return f"{socket.gethostname()}-{port}"
+
+
+def weights_group(run_id: str, worker_id: str) -> str:
+    """Every replica loads every version: a consumer group of its own."""
+    return group_of("inference", run_id, worker_id)
 
 
 def advertised_url(host: str, port: int) -> str:
@@ -59,7 +63,7 @@ async def follow_weights(
     every_s = bus.kafka.announce_every_s
     announcing = asyncio.create_task(keep_announcing(bus, lambda: served, every_s, stop))
     try:
-        group = group_of("inference", run_id, follower.worker_id)
+        group = weights_group(run_id, follower.worker_id)
         consume = bus.subscriber("weights", group=group, batch=True, run=run_id)
         await consume(on_batch).run(stop)
     finally:
@@ -105,7 +109,7 @@ async def catch_up(bus: Bus, follower: WeightFollower, run_id: str) -> WeightLoa
     return loaded
 
 
-async def run_worker(
+async def serve_following_weights(
     settings: Settings,
     backend: InferenceBackend,
     app: ASGIApp,
@@ -142,32 +146,3 @@ async def run_worker(
     finally:
         server.should_exit = True
         await serving
-
-
-async def run(
-    settings: Settings,
-    model_path: str | Path,
-    stop: asyncio.Event,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    backend: BackendKind = "hf",
-    device: str = "cpu",
-    threads: int | None = None,
-    worker_id: str | None = None,
-    url: str | None = None,
-) -> None:
-    """The role's entry: build the engine for `model_path`, serve it, and load every
-    WeightVersion of `settings.run_id` (publishing WeightLoaded, with `url`) until `stop`.
-
-    `threads` sets torch's intra-op threads: 1 suits tiny models on a shared small machine,
-    where a second thread mostly waits for a core another process holds."""
-    import torch
-
-    from rlbus.consumers.inference.service import build_app, build_backend
-
-    if threads:
-        torch.set_num_threads(threads)
-    engine = build_backend(model_path, backend, device=device)
-    app = build_app(engine, model_path)
-    await run_worker(settings, engine, app, host, port, stop, worker_id, url)

@@ -1,4 +1,4 @@
-"""`rlbus worker judge`: consume `rollouts`, publish `scored`.
+"""The judge's work: rollouts in, scores out (its door: consumers/judge/role.py).
 
 Rollouts are keyed by group_id, so a group's rollouts arrive on one partition, at one judge.
 Task sets without group rewards are scored rollout by rollout; with group rewards a group waits
@@ -19,17 +19,11 @@ import time
 from typing import cast
 
 from rlbus.bus import Bus, Delivery, telemetry
-from rlbus.config import Settings
 from rlbus.environment.loader import Environment
 from rlbus.environment.scoring import Scorer
-from rlbus.schemas import RolloutCompleted, group_of
+from rlbus.schemas import RolloutCompleted
 
 log = logging.getLogger(__name__)
-
-
-def group_name(envs: list[Environment], run_id: str) -> str:
-    """One consumer group per run and set of environments: each such judge sees every rollout."""
-    return group_of("judge", run_id, "+".join(sorted(env.id for env in envs)))
 
 
 class Judge:
@@ -116,18 +110,3 @@ class Judge:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), every_s)
             await self.expire()
-
-
-async def run(settings: Settings, envs: list[Environment], stop: asyncio.Event) -> Judge:
-    async with Bus.of(settings) as bus:
-        judge = Judge(envs, bus)
-        group = group_name(envs, settings.run_id)
-        consume = bus.subscriber("rollouts", group=group, batch=True, run=settings.run_id)
-        expiring = asyncio.create_task(judge.keep_expiring(stop))
-        try:
-            await consume(judge.handle).run(stop)
-        finally:
-            expiring.cancel()
-            for scorer in judge.scorers.values():
-                await scorer.aclose()
-    return judge

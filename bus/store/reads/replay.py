@@ -1,0 +1,6 @@
+"""What `rlbus replay sft` reads (rlbus.launch.replay_sft) besides the stored samples."""
+
+from __future__ import annotations
+
+STEPS = "SELECT count() FROM train_steps FINAL WHERE run_id = {run:String}"
+"""A run's steps in the store: a replay refuses a run id that has some, then waits for its own."""

@@ -1,0 +1,51 @@
+"""What a run's page shows: `rlbus ui`'s run page and `rlbus report` (which draws the same page
+as files), both through rlbus.ui.queries.Queries.run_page. Each is keyed by run
+(`{run:String}`); the scores are those of the chosen scorer version (`{version:String}`, '' for
+each rollout's newest)."""
+
+from __future__ import annotations
+
+from rlbus.bus.store.reads.common import AT_VERSION, RUN, scorer_versions_sql
+
+RUN_WHERE = f"WHERE {RUN}"
+RUN_SUMMARY = f"""
+SELECT groupUniqArrayIf(env, env != '') AS envs, groupUniqArrayIf(model, model != '') AS models,
+       groupUniqArrayIf(harness, harness != '') AS harnesses, count() AS rollouts,
+       countIf(status != 'ok') AS errors, min(ts) AS first_ts, max(ts) AS last_ts,
+       (SELECT max(step) FROM train_steps {RUN_WHERE}) AS steps,
+       (SELECT count() FROM train_steps {RUN_WHERE}) AS steps_stored
+FROM rollouts FINAL {RUN_WHERE}
+"""
+"""The run's environments, models, harnesses, rollouts, errors, time span and trainer steps."""
+SCORER_VERSIONS = scorer_versions_sql(RUN)
+"""A run's scorer versions, the one that scored last first."""
+REWARD_CURVE = f"SELECT * FROM reward_by_step_at({AT_VERSION}) {RUN_WHERE} ORDER BY step"
+"""`reward_by_step` of the run (the compare page's curves too, with version '')."""
+RUN_CURVES = {
+    "reward": REWARD_CURVE,
+    "steps": (
+        "SELECT step, loss, grad_norm, entropy, mismatch_kl, lr, num_samples, num_tokens "
+        f"FROM train_steps FINAL {RUN_WHERE} ORDER BY step, ts DESC LIMIT 1 BY step"
+    ),
+    "staleness": f"SELECT * FROM staleness {RUN_WHERE} ORDER BY step",
+    "throughput": f"SELECT * FROM throughput {RUN_WHERE} ORDER BY role, policy_version",
+    "weights": f"SELECT * FROM weight_updates {RUN_WHERE} ORDER BY version",
+    "drops": (
+        "SELECT step, dropped_stale, metrics['dropped_zero_signal'] AS dropped_zero_signal, "
+        "metrics['dropped_too_long'] AS dropped_too_long, "
+        "metrics['errored_rollouts'] AS errored_rollouts "
+        f"FROM batches FINAL {RUN_WHERE} ORDER BY step, ts DESC LIMIT 1 BY step"
+    ),
+    "pass_at_k": (
+        f"SELECT env, k, pass_at_k, tasks, rollouts FROM pass_at_k_at({AT_VERSION}) {RUN_WHERE} "
+        "ORDER BY env, k"
+    ),
+    "errors": (
+        "SELECT env, stage, kind, errors, last_ts, last_error "
+        f"FROM errors_by_kind_at({AT_VERSION}) {RUN_WHERE} ORDER BY errors DESC"
+    ),
+    "latency": f"SELECT * EXCEPT run_id FROM latency {RUN_WHERE} ORDER BY env",
+    "envs": f"SELECT * EXCEPT run_id FROM env_pass_rate_at({AT_VERSION}) {RUN_WHERE} ORDER BY env",
+    "versions": SCORER_VERSIONS,
+}
+"""Every curve and table of a run's page (rlbus.ui.figures draws the curves)."""

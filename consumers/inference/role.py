@@ -1,0 +1,74 @@
+"""The inference role (`rlbus worker inference`): serve a model (OpenAI chat completions,
+token-in/token-out generate, score) and load every WeightVersion of the run as it is
+published."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from rlbus.bus.role import RoleSummary
+from rlbus.config import Settings
+from rlbus.consumers.inference.api import BackendKind
+from rlbus.consumers.inference.serving import (
+    advertised_url,
+    default_worker_id,
+    serve_following_weights,
+    weights_group,
+)
+
+
+class InferenceRole:
+    """Builds the engine for `model_path` and serves it on host:port, following the weights of
+    `settings.run_id` (publishing WeightLoaded, with `url`) until `stop`. `threads` sets torch's
+    intra-op threads: 1 suits tiny models on a shared small machine, where a second thread
+    mostly waits for a core another process holds."""
+
+    name = "inference"
+    reads = ("weights",)
+    writes = ("weights",)
+
+    def __init__(
+        self,
+        settings: Settings,
+        model_path: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        backend: BackendKind = "hf",
+        device: str = "cpu",
+        threads: int | None = None,
+        worker_id: str | None = None,
+        url: str | None = None,
+    ):
+        self.settings = settings
+        self.model_path = model_path
+        self.host, self.port = host, port
+        self.backend: BackendKind = backend
+        self.device, self.threads = device, threads
+        self.worker_id = worker_id or default_worker_id(port)
+        self.url = url or advertised_url(host, port)
+
+    def groups(self) -> list[str]:
+        return [weights_group(self.settings.run_id, self.worker_id)]
+
+    def describe(self) -> str:
+        return (
+            f"inference {Path(self.model_path).name} ({self.backend} on {self.device}) at "
+            f"http://{self.host}:{self.port}/v1, following weights of run "
+            f"{self.settings.run_id!r}"
+        )
+
+    async def run(self, stop: asyncio.Event) -> RoleSummary:
+        import torch
+
+        from rlbus.consumers.inference.service import build_app, build_backend
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        engine = build_backend(self.model_path, self.backend, device=self.device)
+        app = build_app(engine, self.model_path)
+        await serve_following_weights(
+            self.settings, engine, app, self.host, self.port, stop, self.worker_id, self.url
+        )
+        return RoleSummary(self.name, f"inference on {self.host}:{self.port} stopped")
