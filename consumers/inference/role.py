@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rlbus.bus.role import RoleSummary
 from rlbus.config import Settings
+from rlbus.config.runs import VLLMConfig
 from rlbus.consumers.inference.api import BackendKind
 from rlbus.consumers.inference.serving import (
     advertised_url,
@@ -22,7 +23,8 @@ class InferenceRole:
     """Builds the engine for `model_path` and serves it on host:port, following the weights of
     `settings.run_id` (publishing WeightLoaded, with `url`) until `stop`. `threads` sets torch's
     intra-op threads: 1 suits tiny models on a shared small machine, where a second thread
-    mostly waits for a core another process holds."""
+    mostly waits for a core another process holds. `vllm`: the vLLM backend's engine
+    settings."""
 
     name = "inference"
     reads = ("weights",)
@@ -40,6 +42,7 @@ class InferenceRole:
         threads: int | None = None,
         worker_id: str | None = None,
         url: str | None = None,
+        vllm: VLLMConfig | None = None,
     ):
         self.settings = settings
         self.model_path = model_path
@@ -48,6 +51,7 @@ class InferenceRole:
         self.device, self.threads = device, threads
         self.worker_id = worker_id or default_worker_id(port)
         self.url = url or advertised_url(host, port)
+        self.vllm = vllm
 
     def groups(self) -> list[str]:
         return [weights_group(self.settings.run_id, self.worker_id)]
@@ -66,7 +70,7 @@ class InferenceRole:
 
         if self.threads:
             torch.set_num_threads(self.threads)
-        engine = build_backend(self.model_path, self.backend, device=self.device)
+        engine = build_backend(self.model_path, self.backend, device=self.device, vllm=self.vllm)
         app = build_app(engine, self.model_path)
         await serve_following_weights(
             self.settings, engine, app, self.host, self.port, stop, self.worker_id, self.url

@@ -8,6 +8,7 @@ import torch
 from starlette.types import ASGIApp
 
 from rlbus.clients.renderer import make_renderer
+from rlbus.config.runs import VLLMConfig
 from rlbus.consumers.inference.api import BackendKind, InferenceBackend
 from rlbus.consumers.inference.server import create_inference_app
 
@@ -19,7 +20,10 @@ def build_backend(
     device: str = "cpu",
     policy_version: int = 0,
     seed: int = 0,
+    vllm: VLLMConfig | None = None,
 ) -> InferenceBackend:
+    """The engine for `model_path`: the built-in one (fp32 on a CPU, bf16 on a GPU) or vLLM
+    with its engine settings `vllm`."""
     if backend == "hf":
         from rlbus.consumers.inference.engine import Engine
 
@@ -31,7 +35,9 @@ def build_backend(
         # Imported here so that the package never needs vLLM unless asked for.
         from rlbus.consumers.inference.vllm_backend import VLLMBackend
 
-        return VLLMBackend(str(model_path), policy_version=policy_version, seed=seed)
+        return VLLMBackend(
+            str(model_path), policy_version=policy_version, seed=seed, settings=vllm, device=device
+        )
     raise ValueError(f"unknown backend {backend!r}; choose hf or vllm")
 
 

@@ -1,10 +1,12 @@
 """The inference service on vLLM (GPU extra): same endpoints, vLLM's own batching and weight reload.
 
-vLLM is imported only inside `VLLMBackend.start`, never at package import. The translation
-between our types and vLLM's is pure functions over vLLM's documented attribute names
-(SamplingParams kwargs; RequestOutput.outputs[i].token_ids / .logprobs / .finish_reason /
-.stop_reason; RequestOutput.prompt_logprobs; Logprob.logprob / .rank), unit-tested on CPU.
-The backend class itself has not been run against a real vLLM in this repository.
+vLLM is imported only inside `VLLMBackend.start`, never at package import; it runs in an
+environment of its own (`rlbus engine install vllm`), since its transformers pin is older than
+the trainer's. The translation between our types and vLLM's is pure functions over vLLM's
+documented attribute names (SamplingParams kwargs; RequestOutput.outputs[i].token_ids /
+.logprobs / .finish_reason / .stop_reason; RequestOutput.prompt_logprobs; Logprob.logprob /
+.rank) and of our engine settings into vLLM's (`engine_settings`), unit-tested without vLLM;
+tests/inference/test_vllm_served.py runs the backend on vLLM's CPU build.
 
 Semantics kept equal to the built-in engine:
 - log-probs are those of the tempered distribution: the engine is created with
@@ -20,8 +22,12 @@ Semantics kept equal to the built-in engine:
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import os
 import posixpath
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
@@ -30,6 +36,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from rlbus.config.runs import VLLMConfig
 from rlbus.consumers.inference.api import (
     ContextLengthError,
     Delta,
@@ -44,6 +51,13 @@ from rlbus.consumers.inference.api import (
     check_vocab,
 )
 from rlbus.consumers.inference.checkpoint_reader import checkpoint_files, weights_kind
+
+log = logging.getLogger(__name__)
+
+CPU_MAX_MODEL_LEN = 4096
+"""The longest context a CPU server takes by default: its KV cache is sized for it."""
+CPU_KV_CACHE_MAX_GIB = 8
+"""The most KV-cache memory a CPU server takes by default."""
 
 # ---- pure translation (tested on CPU) ---------------------------------------------------------
 
@@ -180,7 +194,68 @@ def stage_checkpoint(uri: str, into: str | None = None) -> str:
     return target
 
 
-# ---- the backend (needs vLLM and a GPU; not run in this repository) --------------------------
+def engine_settings(
+    cfg: VLLMConfig, device: str, model_len: int, available_bytes: int
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """vLLM engine arguments and environment variables for `cfg` on `device` ("cpu" or a CUDA
+    device), a model whose context is `model_len`, with `available_bytes` of memory free."""
+    cpu = device == "cpu"
+    kwargs: dict[str, Any] = {
+        "dtype": cfg.dtype if cfg.dtype != "auto" else ("float32" if cpu else "bfloat16"),
+        "enforce_eager": cfg.eager if cfg.eager is not None else cpu,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+    }
+    if cfg.max_model_len:
+        kwargs["max_model_len"] = cfg.max_model_len
+    elif cpu:
+        kwargs["max_model_len"] = min(model_len, CPU_MAX_MODEL_LEN)
+    env: dict[str, str] = {}
+    if cpu:
+        gib = cfg.kv_cache_gib or min(CPU_KV_CACHE_MAX_GIB, max(1, available_bytes // 4 >> 30))
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
+    else:
+        kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    return kwargs, env
+
+
+def model_len_of(model_path: str) -> int:
+    """The context the model was trained for (its config's max_position_embeddings)."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    return int(config.get("max_position_embeddings") or CPU_MAX_MODEL_LEN)
+
+
+def available_memory() -> int:
+    """Bytes of memory free for new allocations (MemAvailable)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def start_failure(
+    model_path: str, kwargs: dict[str, Any], env: dict[str, str], exc: Exception
+) -> str:
+    """Why vLLM did not start, and the setting that changes it."""
+    said = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+    if "memory" in said.lower() or "kv cache" in said.lower():
+        held = env.get("VLLM_CPU_KVCACHE_SPACE")
+        where = (
+            f"{held} GiB of KV cache"
+            if held
+            else f"{kwargs.get('gpu_memory_utilization')} of the GPU"
+        )
+        hint = (
+            f"it was given {where} and max_model_len {kwargs.get('max_model_len', 'the model')}: "
+            "lower inference.vllm.kv_cache_gib (a GPU: gpu_memory_utilization) or "
+            "inference.vllm.max_model_len (`rlbus worker inference "
+            "--inference.vllm.kv-cache-gib 1`)"
+        )
+    else:
+        hint = "its log above says more (inference.vllm.* are the engine's settings)"
+    return f"vLLM could not start {model_path}: {said}; {hint}"
+
+
+# ---- the backend (runs where vLLM is installed: `rlbus engine install vllm`) ------------------
 
 
 class VLLMBackend:
@@ -191,11 +266,20 @@ class VLLMBackend:
     """
 
     def __init__(
-        self, model_path: str, *, policy_version: int = 0, seed: int = 0, **engine_kwargs: Any
+        self,
+        model_path: str,
+        *,
+        policy_version: int = 0,
+        seed: int = 0,
+        settings: VLLMConfig | None = None,
+        device: str = "cpu",
     ) -> None:
         self._path = model_path
         self._seed = seed
-        self._engine_kwargs = engine_kwargs
+        self._settings = settings or VLLMConfig()
+        self._device = device
+        self.startup_s = 0.0
+        """How long vLLM took to start (load, compile and warm up)."""
         self._version = policy_version
         self._engine: Any = None
         self._max_context = 0
@@ -224,18 +308,29 @@ class VLLMBackend:
         return self._vocab_size
 
     async def start(self) -> None:
+        kwargs, env = engine_settings(
+            self._settings, self._device, model_len_of(self._path), available_memory()
+        )
+        # Before vLLM is imported: its settings read them, and its engine process inherits them.
+        os.environ.update(env)
         from transformers import AutoTokenizer
-        from vllm import AsyncEngineArgs  # pyright: ignore[reportMissingImports]  # GPU extra
-        from vllm.v1.engine.async_llm import AsyncLLM  # pyright: ignore[reportMissingImports]  # GPU extra
+        from vllm import AsyncEngineArgs  # pyright: ignore[reportMissingImports]  # its own venv
+        from vllm.v1.engine.async_llm import AsyncLLM  # pyright: ignore[reportMissingImports]  # its own venv
 
         args = AsyncEngineArgs(
             model=self._path,
             seed=self._seed,
             logprobs_mode="processed_logprobs",
             max_logprobs=20,
-            **self._engine_kwargs,
+            **kwargs,
         )
-        self._engine = AsyncLLM.from_engine_args(args)
+        started = time.monotonic()
+        try:
+            self._engine = AsyncLLM.from_engine_args(args)
+        except Exception as exc:
+            raise RuntimeError(start_failure(self._path, kwargs, env, exc)) from exc
+        self.startup_s = time.monotonic() - started
+        log.info("vLLM started %s in %.1f s (%s, %s)", self._path, self.startup_s, kwargs, env)
         config = self._engine.model_config
         self._max_context = int(config.max_model_len)
         self._vocab_size = int(config.get_vocab_size())
@@ -248,7 +343,7 @@ class VLLMBackend:
             self._engine = None
 
     def _params(self, prompt_ids: list[int], params: SamplingParams) -> Any:
-        from vllm import SamplingParams as VLLMSamplingParams  # pyright: ignore[reportMissingImports]  # GPU extra
+        from vllm import SamplingParams as VLLMSamplingParams  # pyright: ignore[reportMissingImports]  # its own venv
 
         check_prompt(prompt_ids, self._vocab_size, self._max_context)
         check_vocab(params.stop_token_ids, self._vocab_size, "stop_token_ids")
@@ -312,7 +407,7 @@ class VLLMBackend:
     async def score(
         self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0
     ) -> ScoreResult:
-        from vllm import SamplingParams as VLLMSamplingParams  # pyright: ignore[reportMissingImports]  # GPU extra
+        from vllm import SamplingParams as VLLMSamplingParams  # pyright: ignore[reportMissingImports]  # its own venv
 
         if temperature != 1.0:
             # vLLM's prompt log-probs are untempered, and rescaling them is not what vLLM computes.

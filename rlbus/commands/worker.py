@@ -4,6 +4,8 @@ reads its options, builds the role through the registry (rlbus.launch.roles) and
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -26,7 +28,7 @@ from rlbus.commands.common import (
 from rlbus.commands.eval import EnvArgument
 from rlbus.config import ConfigError, Settings
 from rlbus.config.env import cli_overrides
-from rlbus.config.runs import RunConfig, load_run_config
+from rlbus.config.runs import InferenceSettings, RunConfig, load_run_config
 from rlbus.console import console
 from rlbus.consumers.inference.api import BackendKind
 from rlbus.discovery import local_broker
@@ -123,7 +125,12 @@ def inference(
         int, typer.Option(help="HTTP port of the OpenAI-compatible and token endpoints.")
     ] = 8000,
     backend: Annotated[
-        BackendKind, typer.Option(help="hf: built-in transformers engine; vllm: GPU extra.")
+        BackendKind,
+        typer.Option(
+            help="hf: the built-in engine; vllm: in the environment `rlbus engine install vllm` "
+            "makes (its settings: --inference.vllm.dtype, .kv-cache-gib, .max-model-len, .eager, "
+            ".tensor-parallel-size)."
+        ),
     ] = "hf",
     device: Annotated[str, typer.Option(help="torch device for the hf backend.")] = "cpu",
     threads: Annotated[
@@ -143,15 +150,30 @@ def inference(
     every WeightVersion of the run as it is published. With no broker configured or announced,
     it starts one for as long as it serves (a model server is often the first thing started)."""
     require_train_extra("rlbus worker inference")
-    with local_broker(settings_from(ctx, config)) as (found, started):
-        settings: Settings = start_role(found, "inference")
+    loaded = settings_from(ctx, config, InferenceSettings)
+    if backend == "vllm":
+        in_engine_environment(loaded.inference.python)
+    with local_broker(loaded) as (found, started):
+        settings = start_role(found, "inference")
         if started is not None:
             console.print(
                 f"started an embedded broker at {started.bootstrap_servers} "
                 "(other local commands find it; it stops with this server)"
             )
         options = {"host": host, "port": port, "backend": backend, "device": device}
-        run_role("inference", settings, model, **options, threads=threads, url=url)
+        vllm = settings.inference.vllm
+        run_role("inference", settings, model, **options, threads=threads, url=url, vllm=vllm)
+
+
+def in_engine_environment(configured_python: str) -> None:
+    """Go on in the interpreter the vLLM backend runs under (re-executing this very command
+    there, same process, so whoever started it still supervises it), or say what to install."""
+    from rlbus.launch.engines import EngineError, engine_python
+
+    with exits_on(EngineError):
+        python = engine_python(configured_python)
+    if Path(python).absolute() != Path(sys.executable).absolute():
+        os.execv(python, [python, "-m", "rlbus", *sys.argv[1:]])
 
 
 def trainer(ctx: typer.Context, config: ConfigOption = None, resume: ResumeOption = False) -> None:

