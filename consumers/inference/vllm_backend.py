@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import posixpath
+import shutil
 import tempfile
 import time
 import uuid
@@ -178,20 +179,54 @@ def reload_call(weights_dir: str) -> tuple[str, dict[str, Any]]:
     return "reload_weights", {"weights_path": weights_dir, "is_checkpoint_format": True}
 
 
-def stage_checkpoint(uri: str, into: str | None = None) -> str:
+TIED_HEAD = ("lm_head.weight", "model.embed_tokens.weight")
+"""A tied head's name, and the embedding it is tied to (Llama-family naming)."""
+
+
+def stage_checkpoint(uri: str, into: str | None = None, tied: bool = False) -> str:
     """A local directory holding the checkpoint's safetensors files (vLLM reads local paths).
 
-    A local directory is used as is; a single file or a remote URL is copied first.
+    A local directory is used as is; a single file or a remote URL is copied first. `tied`: the
+    model ties its head to its embedding, and a version leaves the head out (the trainer writes
+    each tensor once): vLLM's reload then keeps the head it had, so the staged directory gets
+    the head as a file of its own (the checkpoint's files linked beside it, not copied).
     """
     fs, path = fsspec.core.url_to_fs(uri)
-    if isinstance(fs, LocalFileSystem) and fs.isdir(path):
-        return path
+    local = isinstance(fs, LocalFileSystem)
     _, files = checkpoint_files(uri)
+    head, embedding = TIED_HEAD
+    names = _tensor_names(fs, files) if tied else set()
+    needs_head = tied and head not in names and embedding in names
+    if local and fs.isdir(path) and not needs_head:
+        return path
     target = into or tempfile.mkdtemp(prefix="rlbus-weights-")
     Path(target).mkdir(parents=True, exist_ok=True)
     for file in files:
-        fs.get(file, posixpath.join(target, posixpath.basename(file)))
+        staged = Path(target) / posixpath.basename(file)
+        if local:
+            staged.unlink(missing_ok=True)
+            staged.symlink_to(Path(file).resolve())
+        else:
+            fs.get(file, str(staged))
+    if needs_head:
+        from safetensors.torch import load_file, save_file
+
+        for staged in sorted(Path(target).glob("*.safetensors")):
+            tensors = load_file(str(staged))
+            if embedding in tensors:
+                save_file({head: tensors[embedding]}, str(Path(target) / "tied_head.safetensors"))
+                break
     return target
+
+
+def _tensor_names(fs: Any, files: Sequence[str]) -> set[str]:
+    """The tensor names the safetensors files hold (their headers only)."""
+    names: set[str] = set()
+    for file in files:
+        with fs.open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            names.update(k for k in json.loads(f.read(size)) if k != "__metadata__")
+    return names
 
 
 def engine_settings(
@@ -285,6 +320,7 @@ class VLLMBackend:
         self._max_context = 0
         self._vocab_size = 0
         self._eos: frozenset[int] = frozenset()
+        self._tied = False
         self._lock = asyncio.Lock()
         self._in_flight = 0
         self._samples = 0
@@ -332,6 +368,7 @@ class VLLMBackend:
         self.startup_s = time.monotonic() - started
         log.info("vLLM started %s in %.1f s (%s, %s)", self._path, self.startup_s, kwargs, env)
         config = self._engine.model_config
+        self._tied = bool(getattr(config.hf_config, "tie_word_embeddings", False))
         self._max_context = int(config.max_model_len)
         self._vocab_size = int(config.get_vocab_size())
         eos = AutoTokenizer.from_pretrained(self._path).eos_token_id
@@ -445,7 +482,7 @@ class VLLMBackend:
                 )
             loop = asyncio.get_running_loop()
             started = loop.time()
-            weights_dir = await asyncio.to_thread(stage_checkpoint, uri)
+            weights_dir = await asyncio.to_thread(stage_checkpoint, uri, None, self._tied)
             method, kwargs = reload_call(weights_dir)
             await self._engine.pause_generation(mode="keep", clear_cache=True)
             try:
@@ -455,6 +492,8 @@ class VLLMBackend:
                 self._loads += 1
             finally:
                 await self._engine.resume_generation()
+                if weights_dir != fsspec.core.url_to_fs(uri)[1]:  # a staged copy: read by now
+                    shutil.rmtree(weights_dir, ignore_errors=True)
             return loop.time() - started
 
     def stats(self) -> EngineStats:

