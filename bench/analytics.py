@@ -38,7 +38,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-from playwright.sync_api import Page as BrowserPage
 from rich.console import Console
 from rich.table import Table
 
@@ -61,6 +60,7 @@ from rlbus.schemas import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/support
 from support.browser import BrowserMissing, chromium_page, timing
+from support.browser import Page as BrowserPage
 
 console = Console()
 GROUP = 8

@@ -20,6 +20,10 @@ trained samples whose rollout is not stored, steps missing or trained on nothing
 with two contents (the conflicts view).
 
     python bench/faults.py [--steps 16] [--tasks 64] [--workdir DIR] [--replicas N]
+                           [--backend hf|vllm]
+
+With `--backend vllm` the run's inference is vLLM (`rlbus engine install vllm` first), and part
+1 kills it like the built-in engine (the other parts do not involve inference and are skipped).
 
 Last line: RESULT lost=<n> conflicts=<n> empty_steps=<n> roles_survived=<k>/6
 broker_loss_reported=<0|1>; with --replicas N > 1:
@@ -217,7 +221,7 @@ def at_n(replicas: int) -> list[str]:
 
 
 def run_config(
-    workdir: Path, model: Path, steps: int, run_id: str, replicas: int = 1
+    workdir: Path, model: Path, steps: int, run_id: str, replicas: int = 1, backend: str = "hf"
 ) -> tuple[Path, list[str]]:
     """The reverse_text recipe, small: a config file and the overrides every role gets."""
     overrides = [
@@ -232,14 +236,15 @@ def run_config(
         "--kafka.announce-every-s", "1",
         # A trainer killed before its first checkpoint has nothing to resume from.
         "--trainer.checkpoint-every", "2",
+        "--inference.backend", backend,
         *at_n(replicas),
     ]  # fmt: skip
     return EXAMPLE / "rl.toml", overrides
 
 
-def training_under_faults(workdir: Path, model: Path, steps: int) -> Tally:
+def training_under_faults(workdir: Path, model: Path, steps: int, backend: str = "hf") -> Tally:
     """Part 1: each role SIGKILLed once and restarted while the run goes on."""
-    config, overrides = run_config(workdir, model, steps, "faults-train")
+    config, overrides = run_config(workdir, model, steps, "faults-train", backend=backend)
     cfg = load_run_config(config, overrides)
     run = LocalRun(cfg, config, overrides, resume=False, console=console)
     survived: list[str] = []
@@ -499,8 +504,11 @@ def main() -> None:
     parser.add_argument(
         "--replicas", type=int, default=1, help="instances of each role that scales (parts 1, 2)"
     )
+    parser.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="inference engine")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
+    if args.backend == "vllm":
+        parts &= {"train"}
     if args.replicas > 1:
         parts.discard("broker")
     train = evals = Tally("skipped")
@@ -515,7 +523,7 @@ def main() -> None:
             if args.replicas > 1:
                 train = training_at_n(workdir / "train", model, args.steps, args.replicas)
             else:
-                train = training_under_faults(workdir / "train", model, args.steps)
+                train = training_under_faults(workdir / "train", model, args.steps, args.backend)
             show(train)
         if "eval" in parts:
             eval_settings = load_settings(

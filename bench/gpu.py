@@ -1,13 +1,22 @@
 """rlbus's built-in engine and trainer on a CUDA GPU, and the FSDP2 trainer under nccl: the
 check a session runs when it is lent a GPU (the device tool; this machine has none).
 
-    python bench/gpu.py
+    python bench/gpu.py [--device cuda|cpu] [--sizes tiny,small,smollm2-shape]
+        [--dtypes float32,bfloat16] [--prompts 128] [--tokens 64]
 
-Engine: 128 prompts x 64 sampled tokens on the tiny and the small model, fp32 and bf16:
-tokens/s, and the worst gap between the engine's per-token log-probs and a plain unbatched
-forward on the same GPU. Trainer: one step after a warm-up on the CPU, on the GPU, and as FSDP2
-on one GPU under nccl (loss and grad norm against the single-process GPU trainer's). A part
-that fails prints its traceback and the others still run.
+Engine: `--prompts` prompts x `--tokens` sampled tokens, all submitted at once, on the tiny and
+the small model and on SmolLM2-135M's shape (random weights, the byte tokenizer), fp32 and
+bf16: tokens/s with the SDPA backends the engine allows (consumers/inference/attention.py:
+every backend but cuDNN on CUDA), tokens/s of the same engine with torch's default backends
+(cuDNN allowed), tokens/s of one `model.generate` over the same prompts as one left-padded
+batch (bench/timed_generate.py) and engine_vs_hf (engine / generate), and the worst gap between
+the engine's per-token log-probs and a plain unbatched forward under torch's default backends.
+Each size and dtype ends with a `RESULT engine ...` line. Trainer: one step after a warm-up on
+the CPU, on the GPU, and as FSDP2 on one GPU under nccl (loss and grad norm against the
+single-process GPU trainer's). A part that fails prints its traceback and the others still run.
+
+Without CUDA (or with --device cpu) the engine part alone runs, on the CPU (default: tiny,
+fp32, 16 prompts x 16 tokens), where the engine keeps torch's choice of backends.
 
 On a machine with no package registry, carry what its image lacks as wheels (the device
 README); `pip install --no-deps --no-build-isolation -e .` then installs rlbus.
@@ -15,22 +24,31 @@ README); `pip install --no-deps --no-build-isolation -e .` then installs rlbus.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from timed_generate import bare_generate, stock_model, synchronize
+from transformers import AutoModelForCausalLM, LlamaConfig
 
 from rlbus.bus import free_port
 from rlbus.clients.token_api import SamplingParams
 from rlbus.config.trainer import TrainerConfig
+from rlbus.consumers.inference import engine as engine_module
+from rlbus.consumers.inference.api import GenerateResult
+from rlbus.consumers.inference.attention import attention_backends
+from rlbus.consumers.inference.byte_tokenizer import build_byte_tokenizer
 from rlbus.consumers.inference.engine import Engine
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.trainer.session import open_session
@@ -38,7 +56,22 @@ from rlbus.consumers.trainer.step import StepResult
 from rlbus.schemas import TrainSample, masks
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 
-PROMPTS, TOKENS, CHECKED = 128, 64, 16
+CHECKED = 16
+# SmolLM2-135M(-Instruct)'s architecture, where the engine's bf16 decode was measured to pay
+# cuDNN attention's per-call CPU cost (issue 33).
+SMOLLM2_SHAPE: dict[str, Any] = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
 
 
 def batch() -> list[TrainSample]:
@@ -69,34 +102,102 @@ def part(name: str, run: Callable[[], Any]) -> Any:
         return None
 
 
-async def engine_run(model: str, dtype: torch.dtype) -> None:
-    engine = Engine.from_pretrained(model, device="cuda", dtype=dtype)
+def smollm2_shape(path: str) -> int:
+    """SmolLM2-135M's shape with random weights and the byte tokenizer (its speed, not its
+    words: nothing is downloaded); returns #parameters."""
+    tok = build_byte_tokenizer()
+    config = LlamaConfig(
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        **SMOLLM2_SHAPE,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return sum(p.numel() for p in model.parameters())
+
+
+def make_model(path: str, size: str) -> int:
+    if size == "smollm2-shape":
+        return smollm2_shape(path)
+    return init_model(path, size=size, seed=0)  # pyright: ignore[reportArgumentType]
+
+
+def backend_names(device: str) -> str:
+    chosen = attention_backends(device)
+    return "torch's default" if chosen is None else "/".join(b.name for b in chosen)
+
+
+async def timed_engine(
+    engine: Engine, prompts: list[list[int]], tokens: int, device: str
+) -> tuple[float, list[GenerateResult]]:
+    """Tokens/s of the engine over every prompt at once, after a warm-up on 8 of them."""
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True, seed=1)
     async with engine:
-        tokenizer = engine.tokenizer
-        prompts = [
-            tokenizer.encode(f"question {i}: " + "why? " * (i % 7), add_special_tokens=False)
-            for i in range(PROMPTS)
-        ]
-        params = SamplingParams(max_tokens=TOKENS, ignore_eos=True, seed=1)
-        await asyncio.gather(*(engine.generate(p, params) for p in prompts[:8]))  # warm-up
-        torch.cuda.synchronize()
+        await asyncio.gather(*(engine.generate(p, params) for p in prompts[:8]))
+        synchronize(device)
         started = time.perf_counter()
         results = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
-        torch.cuda.synchronize()
+        synchronize(device)
         seconds = time.perf_counter() - started
-        worst = 0.0
-        for prompt, result in zip(prompts[:CHECKED], results[:CHECKED], strict=True):
-            ids = torch.tensor([prompt + result.completion_ids], device="cuda")
-            with torch.inference_mode():
-                logits = engine.model(ids).logits[0].float()
-            chosen = torch.tensor(result.completion_ids, device="cuda")[:, None]
-            plain = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1].gather(-1, chosen)
-            gap = (plain.squeeze(-1).cpu() - torch.tensor(result.logprobs)).abs().max()
-            worst = max(worst, gap.item())
-    tokens = sum(len(r.completion_ids) for r in results)
+    return sum(len(r.completion_ids) for r in results) / seconds, results
+
+
+def worst_gap(
+    model: Any, prompts: list[list[int]], results: list[GenerateResult], device: str
+) -> float:
+    """Worst |engine log-prob - plain unbatched forward| over CHECKED completions; run after the
+    engine stopped, so the plain forward gets torch's default SDPA backends."""
+    worst = 0.0
+    for prompt, result in zip(prompts[:CHECKED], results[:CHECKED], strict=True):
+        ids = torch.tensor([prompt + result.completion_ids], device=device)
+        with torch.inference_mode():
+            logits = model(ids).logits[0].float()
+        chosen = torch.tensor(result.completion_ids, device=device)[:, None]
+        plain = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1].gather(-1, chosen)
+        gap = (plain.squeeze(-1).cpu() - torch.tensor(result.logprobs)).abs().max()
+        worst = max(worst, gap.item())
+    return worst
+
+
+async def engine_run(
+    model: str, size: str, device: str, dtype: torch.dtype, n_prompts: int, tokens: int
+) -> None:
+    engine = Engine.from_pretrained(model, device=device, dtype=dtype)
+    tokenizer = engine.tokenizer
+    prompts = [
+        tokenizer.encode(f"question {i}: " + "why? " * (i % 7), add_special_tokens=False)
+        for i in range(n_prompts)
+    ]
+    implementation = engine.model.config._attn_implementation
+    rate, results = await timed_engine(engine, prompts, tokens, device)
+    worst = worst_gap(engine.model, prompts, results, device)
+    del engine
+    default_rate = rate
+    if attention_backends(device) is not None:
+        # The same engine with torch's default backends (cuDNN allowed), as before the choice.
+        with mock.patch.object(engine_module, "attention_backends", lambda device: None):
+            engine = Engine.from_pretrained(model, device=device, dtype=dtype)
+        default_rate, _ = await timed_engine(engine, prompts, tokens, device)
+        del engine
+    hf = stock_model(model, device, dtype)
+    bare_generate(hf, tokenizer, prompts[:8], 4)  # warm-up
+    hf_rate = n_prompts * tokens / bare_generate(hf, tokenizer, prompts, tokens)
+    del hf
+    name = str(dtype).removeprefix("torch.")
     print(
-        f"engine {dtype}: {tokens / seconds:,.0f} tokens/s ({seconds:.2f}s); worst "
-        f"|log-prob - plain forward| over {CHECKED} completions {worst:.2e}",
+        f"engine {size} {name} on {device} (attention {implementation}): {rate:,.0f} tokens/s "
+        f"with SDPA backends {backend_names(device)}, {default_rate:,.0f} with torch's default; "
+        f"HF generate {hf_rate:,.0f} tokens/s; engine_vs_hf {rate / hf_rate:.2f}; worst "
+        f"|log-prob - plain forward| over {min(CHECKED, n_prompts)} completions {worst:.2e}",
+        flush=True,
+    )
+    print(
+        f"RESULT engine size={size} dtype={name} device={device} engine_tok_s={rate:.0f} "
+        f"engine_default_backends_tok_s={default_rate:.0f} hf_generate_tok_s={hf_rate:.0f} "
+        f"engine_vs_hf={rate / hf_rate:.3f} worst_logprob_gap={worst:.2e}",
         flush=True,
     )
 
@@ -142,14 +243,37 @@ def gaps(what: str, loss: tuple[float, float], grad_norm: tuple[float, float]) -
 
 
 def main() -> None:
-    print(torch.__version__, torch.cuda.get_device_name(0), flush=True)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cuda = torch.cuda.is_available()
+    parser.add_argument("--device", default="cuda" if cuda else "cpu", choices=["cuda", "cpu"])
+    parser.add_argument("--sizes", help="comma-separated: tiny, small, smollm2-shape")
+    parser.add_argument("--dtypes", help="comma-separated: float32, bfloat16")
+    parser.add_argument("--prompts", type=int, help="prompts submitted at once")
+    parser.add_argument("--tokens", type=int, help="sampled tokens per prompt")
+    args = parser.parse_args()
+    on_gpu = args.device == "cuda"
+    sizes = (args.sizes or ("tiny,small,smollm2-shape" if on_gpu else "tiny")).split(",")
+    dtypes = (args.dtypes or ("float32,bfloat16" if on_gpu else "float32")).split(",")
+    n_prompts = args.prompts or (128 if on_gpu else 16)
+    tokens = args.tokens or (64 if on_gpu else 16)
+    gpu_name = torch.cuda.get_device_name(0) if on_gpu else "no GPU: the engine part alone"
+    print(torch.__version__, gpu_name, flush=True)
+    print(f"SDPA backends the engine allows on {args.device}: {backend_names(args.device)}")
     tmp = tempfile.mkdtemp()
-    for size in ("tiny", "small"):
+    for size in sizes:
         model = f"{tmp}/{size}"
-        print(f"-- {size} model: {init_model(model, size=size, seed=0):,} parameters", flush=True)
-        for dtype in (torch.float32, torch.bfloat16):
-            part(f"engine {size} {dtype}", lambda m=model, d=dtype: asyncio.run(engine_run(m, d)))
+        print(f"-- {size} model: {make_model(model, size):,} parameters", flush=True)
+        for name in dtypes:
+            dtype = getattr(torch, name)
+            run = lambda m=model, s=size, d=dtype: asyncio.run(  # noqa: E731
+                engine_run(m, s, args.device, d, n_prompts, tokens)
+            )
+            part(f"engine {size} {name}", run)
+    if not on_gpu:
+        return
     model = f"{tmp}/tiny"
+    if not Path(model).exists():
+        init_model(model, size="tiny", seed=0)
     cpu = part("trainer cpu", lambda: train(model, "cpu", "none", f"{tmp}/cpu"))
     gpu = part("trainer cuda", lambda: train(model, "cuda", "none", f"{tmp}/cuda"))
     if cpu and gpu:

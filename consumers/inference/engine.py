@@ -50,6 +50,11 @@ from rlbus.consumers.inference.api import (
     check_prompt,
     check_vocab,
 )
+from rlbus.consumers.inference.attention import (
+    allowed_attention_backends,
+    attention_backends,
+    attention_implementation,
+)
 from rlbus.consumers.inference.batch import PaddedBatch
 from rlbus.consumers.inference.checkpoint_reader import match_parameters, read_checkpoint
 from rlbus.consumers.inference.detok import TextStream
@@ -189,6 +194,15 @@ class Engine:
         self._max_batch_size = max_batch_size
         self._max_prefill_tokens = max_prefill_tokens
         self._generator = torch.Generator(device=model.device).manual_seed(seed)
+        # Applied by the engine thread around its loop (process-wide flags: attention.py).
+        self._attention_backends = attention_backends(model.device)
+        log.info(
+            "attention %s, SDPA backends %s",
+            model.config._attn_implementation,
+            "torch's choice"
+            if self._attention_backends is None
+            else [b.name for b in self._attention_backends],
+        )
         self._version = policy_version
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -215,8 +229,12 @@ class Engine:
         max_batch_size: int = 256,
         seed: int = 0,
     ) -> Engine:
+        # sdpa named outright on CUDA (the backends chosen for it apply to sdpa alone); left to
+        # transformers' default elsewhere.
+        implementation = attention_implementation(device)
+        extra = {} if implementation is None else {"attn_implementation": implementation}
         # transformers' annotations take `to`'s first argument for self
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)  # pyright: ignore[reportArgumentType]
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra).to(device)  # pyright: ignore[reportArgumentType]
         tokenizer = AutoTokenizer.from_pretrained(path)
         return cls(
             model,
@@ -404,7 +422,8 @@ class Engine:
     # ---- the engine thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        with torch.inference_mode():
+        # Every forward pass of the engine runs on this thread, inside this loop.
+        with torch.inference_mode(), allowed_attention_backends(self._attention_backends):
             while self._take_inbox(
                 block=not (self._rows or self._waiting or self._scores or self._swap)
             ):

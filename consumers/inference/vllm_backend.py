@@ -59,6 +59,9 @@ CPU_MAX_MODEL_LEN = 4096
 """The longest context a CPU server takes by default: its KV cache is sized for it."""
 CPU_KV_CACHE_MAX_GIB = 8
 """The most KV-cache memory a CPU server takes by default."""
+ENGINE_DEAD_EXIT = 75
+"""The inference role's exit code when vLLM's engine process died under it: the role ends (its
+launcher reports it by name and may start it again) rather than answer every request 500."""
 
 # ---- pure translation (tested on CPU) ---------------------------------------------------------
 
@@ -321,6 +324,7 @@ class VLLMBackend:
         self._vocab_size = 0
         self._eos: frozenset[int] = frozenset()
         self._tied = False
+        self._watching: asyncio.Task | None = None
         self._lock = asyncio.Lock()
         self._in_flight = 0
         self._samples = 0
@@ -367,6 +371,7 @@ class VLLMBackend:
             raise RuntimeError(start_failure(self._path, kwargs, env, exc)) from exc
         self.startup_s = time.monotonic() - started
         log.info("vLLM started %s in %.1f s (%s, %s)", self._path, self.startup_s, kwargs, env)
+        self._watching = asyncio.create_task(self._exit_when_engine_dies())
         config = self._engine.model_config
         self._tied = bool(getattr(config.hf_config, "tie_word_embeddings", False))
         self._max_context = int(config.max_model_len)
@@ -374,7 +379,21 @@ class VLLMBackend:
         eos = AutoTokenizer.from_pretrained(self._path).eos_token_id
         self._eos = frozenset([eos] if eos is not None else [])
 
+    async def _exit_when_engine_dies(self, every_s: float = 1.0) -> None:
+        while self._engine is not None and not self._engine.errored:
+            await asyncio.sleep(every_s)
+        if self._engine is not None:
+            log.error(
+                "vLLM's engine process died (killed, or out of memory: its log above says which); "
+                "the inference role exits with %d",
+                ENGINE_DEAD_EXIT,
+            )
+            logging.shutdown()
+            os._exit(ENGINE_DEAD_EXIT)
+
     async def stop(self) -> None:
+        if self._watching is not None:
+            self._watching.cancel()
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None

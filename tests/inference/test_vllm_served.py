@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM
 from rlbus.bus import Bus, free_port
 from rlbus.bus.waiting import wait_until
 from rlbus.config import Settings
+from rlbus.consumers.inference.vllm_backend import ENGINE_DEAD_EXIT
 from rlbus.launch.engines import engine_dir, read_engine_record
 from rlbus.launch.processes import RoleProcess
 from rlbus.schemas import WeightVersion
@@ -61,33 +62,35 @@ async def generate(client: httpx.AsyncClient, url: str) -> dict:
     return response.json()
 
 
+async def start_vllm(settings: Settings, model: Path, logs: Path) -> tuple[RoleProcess, str]:
+    """`rlbus worker inference --backend vllm`, once it serves (its /v1 URL)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    args = ["--model", str(model), "--port", str(port), "--backend", "vllm"]
+    args += ["--inference.vllm.kv-cache-gib", "1", "--inference.vllm.max-model-len", "512"]
+    server = RoleProcess("inference", settings, logs, args)
+    async with httpx.AsyncClient() as client:
+        for _ in range(900):  # vLLM loads, profiles and warms up first
+            try:
+                if (await client.get(f"{url}/models", timeout=5)).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.alive(), server.log_tail()
+            await asyncio.sleep(1)
+        else:
+            raise AssertionError(f"vLLM did not serve in 900 s:\n{server.log_tail()}")
+    assert "vLLM started" in server.log_tail(200), server.log_tail()
+    return server, url
+
+
 async def test_vllm_serves_exact_logprobs_and_reloads_a_version(
     engine_installed: None, settings: Settings, smollm2_dir: Path, tmp_path: Path
 ) -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/v1"
-    args = ["--model", str(smollm2_dir), "--port", str(port), "--backend", "vllm"]
-    args += ["--inference.vllm.kv-cache-gib", "1", "--inference.vllm.max-model-len", "512"]
-    server = RoleProcess("inference", settings, tmp_path / "logs", args)
+    server, url = await start_vllm(settings, smollm2_dir, tmp_path / "logs")
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     try:
         async with httpx.AsyncClient() as client:
-
-            async def healthy() -> bool:
-                try:
-                    return (await client.get(f"{url}/models", timeout=5)).status_code == 200
-                except httpx.HTTPError:
-                    return False
-
-            for _ in range(900):  # vLLM loads, profiles and warms up first
-                if await healthy():
-                    break
-                assert server.alive(), server.log_tail()
-                await asyncio.sleep(1)
-            else:
-                raise AssertionError(f"vLLM did not serve in 900 s:\n{server.log_tail()}")
-            assert "vLLM started" in server.log_tail(200), server.log_tail()
-
             first = await generate(client, url)
             ids = first["completion_ids"]
             expected = reference_logprobs(model, PROMPT, ids)
@@ -133,3 +136,27 @@ async def test_vllm_serves_exact_logprobs_and_reloads_a_version(
         server.proc.send_signal(signal.SIGTERM)
         await wait_until(lambda: not server.alive(), 120, "vLLM's inference role to stop")
     assert server.proc.returncode == 0, server.log_tail()
+
+
+def engine_core_of(pid: int) -> int:
+    """The pid of vLLM's engine process among `pid`'s children."""
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        if "EngineCore" in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace"):
+            return int(child)
+    raise AssertionError(f"no vLLM engine process under {pid}")
+
+
+async def test_a_dead_engine_process_ends_the_role_with_a_reason(
+    engine_installed: None, settings: Settings, smollm2_dir: Path, tmp_path: Path
+) -> None:
+    """Killed (or OOM-killed), vLLM's engine process would leave a server answering 500s: the
+    role exits instead, with its own code and a line saying why, for its launcher to report."""
+    server, _ = await start_vllm(settings, smollm2_dir, tmp_path / "logs")
+    try:
+        os.kill(engine_core_of(server.proc.pid), signal.SIGKILL)
+        await wait_until(lambda: not server.alive(), 60, "the role to exit")
+    finally:
+        if server.alive():
+            server.proc.kill()
+    assert server.proc.returncode == ENGINE_DEAD_EXIT, server.log_tail()
+    assert "vLLM's engine process died" in server.log_tail(100)
