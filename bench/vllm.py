@@ -39,6 +39,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # tests/support
+from real_model import chat_prompts
 from support.bpe_model import smollm2_dir, smollm2_tokenizer
 from support.isolated import isolated_settings
 
@@ -69,18 +70,6 @@ def main():
 if __name__ == "__main__":
     main()
 """
-
-
-def prompts(n: int) -> list[list[int]]:
-    tokenizer = smollm2_tokenizer()
-    topics = ["rivers", "prime numbers", "sorting", "tea", "chess", "volcanoes", "bees", "maps"]
-    return [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"Tell me about {topics[i % len(topics)]} ({i})."}],
-            add_generation_prompt=True,
-        )
-        for i in range(n)
-    ]
 
 
 def offline(model: Path, batch: list[list[int]], max_tokens: int) -> float:
@@ -161,7 +150,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()
     model = args.model or smollm2_dir()
-    batch = prompts(args.batch)
+    batch = chat_prompts(smollm2_tokenizer(), args.batch)  # bench/real_model.py's
     with tempfile.TemporaryDirectory(prefix="rlbus-vllm-") as work, EmbeddedBroker() as broker:
         root = Path(work)
         settings = isolated_settings(broker, root, run_id="bench-vllm")
