@@ -3,6 +3,7 @@ stopped with SIGTERM (then SIGKILL) so each role can commit what it handled."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from rlbus.config import Settings, settings_variables
 from rlbus.producers.runtimes.linux import PR_SET_PDEATHSIG, prctl
+from rlbus.producers.runtimes.tree import descendants
 
 MEMORY_SETTINGS = {
     "trainer": "trainer.micro_batch_tokens (the trainer logs its memory estimate; "
@@ -109,8 +111,14 @@ class RoleProcess:
         return self.proc.returncode
 
     def kill(self) -> None:
-        """SIGKILL: no chance to commit or flush (crash tests)."""
+        """SIGKILL the role and every process it started, as a crashed container's all die: no
+        chance to commit or flush (crash tests). (vLLM's engine processes outlive a parent
+        killed alone, holding their memory.)"""
+        below = descendants(self.proc.pid)
         self.proc.kill()
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.proc.wait()
 
 

@@ -160,3 +160,14 @@ async def test_a_dead_engine_process_ends_the_role_with_a_reason(
             server.proc.kill()
     assert server.proc.returncode == ENGINE_DEAD_EXIT, server.log_tail()
     assert "vLLM's engine process died" in server.log_tail(100)
+
+
+async def test_a_killed_role_takes_vllms_engine_processes_with_it(
+    engine_installed: None, settings: Settings, smollm2_dir: Path, tmp_path: Path
+) -> None:
+    """SIGKILLed alone, the role left vLLM's engine processes running, holding their GBs (found
+    by bench/faults.py --backend vllm): its launcher's kill takes the whole tree."""
+    server, _ = await start_vllm(settings, smollm2_dir, tmp_path / "logs")
+    engine = engine_core_of(server.proc.pid)
+    server.kill()
+    await wait_until(lambda: not Path(f"/proc/{engine}").exists(), 30, "the engine process to go")
