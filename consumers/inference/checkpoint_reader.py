@@ -49,11 +49,17 @@ class Checkpoint:
     """Full weights or LoRA deltas over the base model (schemas/weights_file.py)."""
 
 
-def _kind(header: bytes) -> str:
-    """The kind a safetensors file's header names (8-byte little-endian length, then JSON with
-    `__metadata__`); files without rlbus's metadata, e.g. a Hugging Face model's, are full."""
+def _entries(header: bytes) -> dict[str, Any]:
+    """A safetensors file's header (8-byte little-endian length, then JSON): its tensors by
+    name, and `__metadata__`."""
     length = int.from_bytes(header[:8], "little")
-    metadata = json.loads(header[8 : 8 + length]).get("__metadata__") or {}
+    return json.loads(header[8 : 8 + length])
+
+
+def _kind(header: bytes) -> str:
+    """The kind a safetensors file's header names in `__metadata__`; files without rlbus's
+    metadata, e.g. a Hugging Face model's, are full."""
+    metadata = _entries(header).get("__metadata__") or {}
     return metadata.get(KIND_KEY, "full")
 
 
@@ -78,6 +84,15 @@ def _header(f: Any) -> bytes:
     """A safetensors file's 8-byte header length and its JSON header, read from its start."""
     length = _read(f, 8)
     return length + _read(f, int.from_bytes(length, "little"))
+
+
+def tensor_names(fs: fsspec.AbstractFileSystem, files: list[str]) -> set[str]:
+    """The tensor names checkpoint files hold, from their headers alone."""
+    names: set[str] = set()
+    for file in files:
+        with fs.open(file, "rb") as f:
+            names.update(k for k in _entries(_header(f)) if k != "__metadata__")
+    return names
 
 
 def weights_kind(uri: str) -> WeightsKind:

@@ -51,7 +51,11 @@ from rlbus.consumers.inference.api import (
     check_prompt,
     check_vocab,
 )
-from rlbus.consumers.inference.checkpoint_reader import checkpoint_files, weights_kind
+from rlbus.consumers.inference.checkpoint_reader import (
+    checkpoint_files,
+    tensor_names,
+    weights_kind,
+)
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +202,7 @@ def stage_checkpoint(uri: str, into: str | None = None, tied: bool = False) -> s
     local = isinstance(fs, LocalFileSystem)
     _, files = checkpoint_files(uri)
     head, embedding = TIED_HEAD
-    names = _tensor_names(fs, files) if tied else set()
+    names = tensor_names(fs, files) if tied else set()
     needs_head = tied and head not in names and embedding in names
     if local and fs.isdir(path) and not needs_head:
         return path
@@ -220,16 +224,6 @@ def stage_checkpoint(uri: str, into: str | None = None, tied: bool = False) -> s
                 save_file({head: tensors[embedding]}, str(Path(target) / "tied_head.safetensors"))
                 break
     return target
-
-
-def _tensor_names(fs: Any, files: Sequence[str]) -> set[str]:
-    """The tensor names the safetensors files hold (their headers only)."""
-    names: set[str] = set()
-    for file in files:
-        with fs.open(file, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            names.update(k for k in json.loads(f.read(size)) if k != "__metadata__")
-    return names
 
 
 def engine_settings(

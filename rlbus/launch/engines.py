@@ -92,8 +92,14 @@ def default_device() -> str:
 def _pip(python: Path, *args: str, say: Callable[[str], None]) -> None:
     """pip install, seeing none of rlbus's secrets (as an environment's install does)."""
     say(f"pip install {' '.join(args)}")
+    _passed([str(python), "-m", "pip", "install", "--quiet", *args], "pip install failed")
+
+
+def _passed(argv: list[str], failed: str) -> None:
+    """argv as an environment's install runs it (none of rlbus's secrets passed); EngineError
+    with its last lines when it fails."""
     try:
-        run_passed([str(python), "-m", "pip", "install", "--quiet", *args], "pip install failed")
+        run_passed(argv, failed)
     except EnvInstallError as exc:
         raise EngineError(str(exc)) from exc
 
@@ -115,16 +121,14 @@ def install_vllm(
         if venv.exists():
             shutil.rmtree(venv)
         say(f"creating {venv}")
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         try:
+            _passed([sys.executable, "-m", "venv", str(venv)], f"python -m venv {venv} failed")
             if device == "cpu":
                 _pip(python, TORCH_CPU, say=say)
             _pip(python, requirement, say=say)
             if device == "cpu":
-                subprocess.run(
-                    [str(python), "-m", "pip", "uninstall", "--yes", "--quiet", *CPU_EXTRAS],
-                    capture_output=True,
-                )
+                uninstall = [str(python), "-m", "pip", "uninstall", "--yes", "--quiet"]
+                _passed([*uninstall, *CPU_EXTRAS], "pip uninstall failed")
         except BaseException:
             shutil.rmtree(venv, ignore_errors=True)  # no half-made environment left behind
             raise
@@ -134,13 +138,8 @@ def install_vllm(
         _pip(python, "--editable", str(source), say=say)
     record = EngineRecord("vllm", requirement, device, str(source))
     (venv / "engine.json").write_text(json.dumps(asdict(record), indent=2))
-    check = subprocess.run(
-        [str(python), "-c", "import vllm, rlbus.consumers.inference.vllm_backend"],
-        capture_output=True,
-        text=True,
-    )
-    if check.returncode != 0:
-        raise EngineError(f"vLLM's environment {venv} does not import: {check.stderr[-2000:]}")
+    probe = "import vllm, rlbus.consumers.inference.vllm_backend"
+    _passed([str(python), "-c", probe], f"vLLM's environment {venv} does not import")
     return record
 
 
