@@ -1,6 +1,8 @@
 """Finding an environment by what the user typed: a TOML file or a directory holding env.toml,
-an installed entry point (group "rlbus.environments"), package.module:Class, FILE.py[:Class], or
-verifiers:NAME (an installed verifiers environment)."""
+an installed entry point (group "rlbus.environments"), package.module:Class, FILE.py[:Class],
+verifiers:NAME (a verifiers environment: V1 hosted in the venv `rlbus env install` made for NAME,
+else a classic one installed beside rlbus), openenv:PACKAGE or textarena:GAME (hosted, see
+environment/hosted/venv_taskset.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pydantic import ValidationError
 
 from rlbus.config import ConfigError, deep_merge, format_validation_error
 from rlbus.config.env import EnvConfig
+from rlbus.environment.hosted.venv_taskset import hosted_spec, hosted_taskset_class
 from rlbus.environment.rules import Rules, discover
 from rlbus.environment.task_sources.sources import to_task
 from rlbus.environment.task_sources.stream import TaskStream
@@ -29,6 +32,8 @@ from rlbus.environment.taskset import TaskSet
 GROUP = "rlbus.environments"
 VERIFIERS = "verifiers:"
 """`verifiers:NAME`: an installed verifiers environment (see environment/verifiers.py)."""
+HARBOR = "harbor:"
+"""`harbor:PATH`: a Harbor task folder or a folder of them (see environment/harbor.py)."""
 ENV_FILE = "env.toml"
 
 
@@ -106,10 +111,17 @@ def _entry_point(name: str) -> type[TaskSet] | None:
 def resolve_taskset(ref: str, base_dir: Path | None = None) -> tuple[type[TaskSet], str]:
     """The TaskSet class `ref` names, and `ref` resolved (file paths made absolute)."""
     target, _, attr = ref.partition(":")
-    if ref.startswith(VERIFIERS):
+    if (hosted := hosted_spec(ref)) is not None:
+        cls, resolved = hosted_taskset_class(*hosted), ref
+    elif ref.startswith(VERIFIERS):
         from rlbus.environment.verifiers import taskset_class
 
         cls, resolved = taskset_class(ref[len(VERIFIERS) :]), ref
+    elif ref.startswith(HARBOR):
+        from rlbus.environment.harbor import harbor_taskset_class as harbor_taskset
+
+        folder = ref[len(HARBOR) :]  # relative: to the env.toml's folder, else this directory
+        cls, resolved = harbor_taskset(folder and str((base_dir or Path.cwd()) / folder))
     elif target.endswith(".py"):
         path = Path(target) if base_dir is None or Path(target).is_absolute() else base_dir / target
         module = _import_file(path)

@@ -10,6 +10,15 @@ from typing import Any, ClassVar
 from rlbus.schemas import Messages, TaskPublished
 
 
+class RolloutHookError(RuntimeError):
+    """Raised by a task set's rollout hook (`prepare_rollout`, `check_rollout`): the rollout is
+    recorded as an error of `kind` with this message, as a harness's failures are."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
 class TaskSet:
     """Subclass it, give `rows()`, and tag rewards with @reward / @metric / @group_reward.
 
@@ -49,3 +58,17 @@ class TaskSet:
         if self.system_prompt and not (prompt and prompt[0].get("role") == "system"):
             prompt.insert(0, {"role": "system", "content": self.system_prompt})
         return prompt
+
+    async def prepare_rollout(self, rollout: Any) -> None:
+        """Optional hook, called in the env producer once the rollout's sandbox is open and
+        before the harness runs: set up what the agent starts from (files in
+        `rollout.sandbox.workdir`, `rollout.sandbox.mount(...)`). `rollout` is the harness's
+        `rlbus.producers.harnesses.Rollout`. Raising fails the rollout before the agent runs
+        (RolloutHookError names the error kind). The default does nothing."""
+
+    async def check_rollout(self, rollout: Any) -> None:
+        """Optional hook, called after the harness returned and before the sandbox is closed:
+        inspect or run what the agent left (`rollout.sandbox.run(...)`, a verifier program) and
+        put what rewards need into `rollout.state`, which travels with the rollout to the
+        scorer. Not called when the harness failed. Raising makes the rollout an error with the
+        reason (RolloutHookError names the error kind). The default does nothing."""

@@ -18,6 +18,7 @@ from opentelemetry.trace import SpanKind
 
 from rlbus.bus import telemetry
 from rlbus.environment.loader import Environment
+from rlbus.environment.taskset import RolloutHookError
 from rlbus.producers.harnesses import Harness, HarnessError, Rollout, make_harness
 from rlbus.producers.interception.calls import UpstreamError
 from rlbus.producers.interception.server import InterceptionServer
@@ -59,7 +60,7 @@ def rollout_id_of(group_id: str, run_id: str, sample_index: int) -> str:
 
 
 def _failure(exc: BaseException, timeout_s: float) -> tuple[str, str]:
-    if isinstance(exc, HarnessError):
+    if isinstance(exc, (HarnessError, RolloutHookError)):
         return exc.kind, str(exc)
     if isinstance(exc, TimeoutError):
         return "timeout", f"rollout exceeded harness.timeout_s = {timeout_s:g}s"
@@ -135,8 +136,11 @@ class RolloutRunner:
                 try:
                     async with self.runtime.sandbox(rollout_id) as sandbox:
                         rollout = Rollout(task, prompt, session, sandbox, env, state)
+                        await env.taskset.prepare_rollout(rollout)
                         async with asyncio.timeout(timeout_s):
                             completion = await self.harness.run(rollout)
+                        # In the same sandbox, before it closes: a verifier sees the agent's work.
+                        await env.taskset.check_rollout(rollout)
                 except Exception as exc:
                     status, (kind, error) = "error", _failure(exc, timeout_s)
                     completion = session.trace.completion()

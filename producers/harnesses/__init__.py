@@ -1,9 +1,11 @@
 """Harnesses: how the model acts in a rollout (single chat turn, tool loop, any program)."""
 
+from rlbus.environment.hosted.venv_taskset import HostedTaskSet
 from rlbus.environment.loader import Environment
 from rlbus.producers.harnesses.base import Harness, HarnessError, Rollout
 from rlbus.producers.harnesses.chat_loop import ChatHarness
 from rlbus.producers.harnesses.command import CommandHarness
+from rlbus.producers.harnesses.hosted import HostedHarness
 from rlbus.producers.harnesses.presets import PRESETS
 from rlbus.producers.harnesses.tools import ToolBox, open_toolbox, python_tool
 from rlbus.producers.harnesses.users import ModelUser, ScriptedUser, UserSimulator
@@ -11,6 +13,8 @@ from rlbus.producers.harnesses.users import ModelUser, ScriptedUser, UserSimulat
 
 def make_harness(env: Environment) -> Harness:
     config = env.config.harness
+    if isinstance(env.taskset, HostedTaskSet):
+        return HostedHarness(env.taskset, config)
     if config.kind == "command":
         return CommandHarness(config)
     if config.kind in PRESETS:
@@ -28,6 +32,7 @@ __all__ = [
     "CommandHarness",
     "Harness",
     "HarnessError",
+    "HostedHarness",
     "ModelUser",
     "Rollout",
     "ScriptedUser",

@@ -3,6 +3,7 @@
 from rlbus.config.env import RuntimeConfig
 from rlbus.producers.runtimes.base import (
     ExecResult,
+    Mount,
     ProcessRuntime,
     RolloutEndpoint,
     Runtime,
@@ -32,6 +33,7 @@ __all__ = [
     "RolloutEndpoint",
     "ExecResult",
     "LocalRuntime",
+    "Mount",
     "ProcessRuntime",
     "Runtime",
     "Sandbox",

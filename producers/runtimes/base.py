@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -55,9 +55,25 @@ class RolloutEndpoint(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Mount:
+    """A path a rollout's programs see besides their working directory: the host's `source` at
+    `target`, read-only unless `writable`; without a source, an empty read-only directory at
+    `target` that hides whatever the program could otherwise read there."""
+
+    target: str
+    source: Path | None = None
+    writable: bool = False
+
+
 class Sandbox(Protocol):
     @property
     def workdir(self) -> Path: ...
+
+    def mount(self, target: str, source: Path | None = None, *, writable: bool = False) -> None:
+        """Show `source` at `target` (see Mount) to every later program run of this rollout; a
+        runtime that cannot (subprocess, local) makes those runs fail, naming the mount."""
+        ...
 
     async def run(
         self,
@@ -265,10 +281,14 @@ class RolloutSandbox:
 
     directory: Workdir
     runtime: ProcessRuntime
+    mounts: list[Mount] = field(default_factory=list)
 
     @property
     def workdir(self) -> Path:
         return self.directory.path
+
+    def mount(self, target: str, source: Path | None = None, *, writable: bool = False) -> None:
+        self.mounts.append(Mount(target, source, writable))
 
     async def run(
         self,
@@ -279,7 +299,11 @@ class RolloutSandbox:
         readable: Sequence[Path] = (),
         endpoint: RolloutEndpoint | None = None,
     ) -> ExecResult:
-        return await self.runtime.launch(self.workdir, argv, env, stdin, readable, endpoint)
+        # Passed only when there are some: a runtime written before mounts still runs the rest.
+        extra = {"mounts": tuple(self.mounts)} if self.mounts else {}
+        return await self.runtime.launch(
+            self.workdir, argv, env, stdin, readable, endpoint, **extra
+        )
 
 
 class ProcessRuntime:
@@ -303,5 +327,23 @@ class ProcessRuntime:
         stdin: bytes | None,
         readable: Sequence[Path],
         endpoint: RolloutEndpoint | None,
+        mounts: Sequence[Mount] = (),
     ) -> ExecResult:
         raise NotImplementedError
+
+
+def refuse_mounts(kind: str, mounts: Sequence[Mount]) -> ExecResult | None:
+    """The failed run of a runtime that shows programs the host as it is (no mount namespace):
+    a program that was promised a mount must not run without it."""
+    if not mounts:
+        return None
+    where = ", ".join(m.target for m in mounts)
+    return ExecResult(
+        None,
+        "",
+        "",
+        0.0,
+        "exit",
+        f"the {kind} runtime cannot mount {where} for this program (it has no mount namespace); "
+        'use runtime.kind = "sandbox" or "docker"',
+    )

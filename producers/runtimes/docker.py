@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rlbus.producers.runtimes.base import (
     ExecResult,
+    Mount,
     ProcessRuntime,
     RolloutEndpoint,
     allowed_variables,
@@ -51,6 +52,12 @@ def docker_problem() -> str | None:
     return None
 
 
+def _mount_options(mount: Mount) -> tuple[str, ...]:
+    if mount.source is None:  # the container sees none of the host: an empty directory there
+        return ("--tmpfs", f"{mount.target}:ro")
+    return ("-v", f"{mount.source}:{mount.target}{'' if mount.writable else ':ro'}")
+
+
 class DockerRuntime(ProcessRuntime):
     kind = "docker"
 
@@ -61,6 +68,7 @@ class DockerRuntime(ProcessRuntime):
         argv: list[str],
         env: dict[str, str],
         port: int | None,
+        mounts: Sequence[Mount] = (),
     ) -> tuple[list[str], dict[str, str]]:
         """`docker run`'s argv and the docker client's environment for one program run."""
         config = self.config
@@ -87,6 +95,7 @@ class DockerRuntime(ProcessRuntime):
             *("--read-only", "--tmpfs", "/tmp"),
             *("-v", f"{workdir}:{workdir}", "-w", str(workdir)),
             *(["-v", f"{RELAY}:/rlbus/relay.py:ro"] if port is not None else []),
+            *(a for mount in mounts for a in _mount_options(mount)),
             *limits,
             *passed,
             *config.docker_args,
@@ -104,6 +113,7 @@ class DockerRuntime(ProcessRuntime):
         stdin: bytes | None,
         readable: Sequence[Path],
         endpoint: RolloutEndpoint | None,
+        mounts: Sequence[Mount] = (),
     ) -> ExecResult:
         name = f"rlbus-{uuid.uuid4().hex[:12]}"
         run, client_env = self.command(
@@ -112,6 +122,7 @@ class DockerRuntime(ProcessRuntime):
             argv,
             allowed_variables(self.config, workdir, env),
             endpoint.port if endpoint is not None else None,
+            mounts,
         )
 
         async def kill_container() -> None:

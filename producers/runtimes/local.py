@@ -14,11 +14,13 @@ from pathlib import Path
 from rlbus.config.env import RuntimeConfig
 from rlbus.producers.runtimes.base import (
     ExecResult,
+    Mount,
     ProcessRuntime,
     RolloutEndpoint,
     allowed_variables,
     cpu_limit,
     die_with_parent,
+    refuse_mounts,
     run_process,
 )
 from rlbus.producers.runtimes.linux import (
@@ -48,7 +50,10 @@ class LocalRuntime(ProcessRuntime):
         stdin: bytes | None,
         readable: Sequence[Path],
         endpoint: RolloutEndpoint | None,
+        mounts: Sequence[Mount] = (),
     ) -> ExecResult:
+        if refused := refuse_mounts(self.kind, mounts):
+            return refused
         return await run_process(
             argv, env={**os.environ, **env}, cwd=workdir, config=self.config, stdin=stdin
         )
@@ -88,7 +93,10 @@ class SubprocessRuntime(ProcessRuntime):
         stdin: bytes | None,
         readable: Sequence[Path],
         endpoint: RolloutEndpoint | None,
+        mounts: Sequence[Mount] = (),
     ) -> ExecResult:
+        if refused := refuse_mounts(self.kind, mounts):
+            return refused
         limits = [cpu_limit(self.config.cpu_s)] if self.config.cpu_s is not None else []
         return await run_process(
             argv,

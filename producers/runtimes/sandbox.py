@@ -26,6 +26,7 @@ from pathlib import Path
 from rlbus.config.env import RuntimeConfig
 from rlbus.producers.runtimes.base import (
     ExecResult,
+    Mount,
     ProcessRuntime,
     RolloutEndpoint,
     allowed_variables,
@@ -107,6 +108,12 @@ def sandbox_problem() -> str | None:
     return None
 
 
+def _mount_options(mount: Mount) -> tuple[str, ...]:
+    if mount.source is None:
+        return ("--tmpfs", mount.target, "--remount-ro", mount.target)
+    return ("--bind" if mount.writable else "--ro-bind", str(mount.source), mount.target)
+
+
 class SandboxRuntime(ProcessRuntime):
     kind = "sandbox"
 
@@ -117,7 +124,13 @@ class SandboxRuntime(ProcessRuntime):
             raise RuntimeError(f"the sandbox runtime cannot run here: {problem}")
         self.bwrap = shutil.which("bwrap") or "bwrap"
 
-    def options(self, workdir: Path, env: dict[str, str], readable: Sequence[Path]) -> list[str]:
+    def options(
+        self,
+        workdir: Path,
+        env: dict[str, str],
+        readable: Sequence[Path],
+        mounts: Sequence[Mount] = (),
+    ) -> list[str]:
         """bubblewrap's options for one program run (they travel in a memfd, not its argv)."""
         extra = [str(Path(p).resolve()) for p in self.config.read_only]
         visible = {sys.prefix, sys.base_prefix, *map(str, readable), *extra}
@@ -135,6 +148,8 @@ class SandboxRuntime(ProcessRuntime):
             # After /tmp: a path under it (a task set in a temporary directory) stays visible.
             *(a for path in sorted(visible) for a in ("--ro-bind-try", path, path)),
             *("--bind", str(workdir), str(workdir), "--chdir", str(workdir)),
+            # Last: a mount hides what the paths above would show at its target.
+            *(a for mount in mounts for a in _mount_options(mount)),
         ]
 
     async def launch(
@@ -145,11 +160,13 @@ class SandboxRuntime(ProcessRuntime):
         stdin: bytes | None,
         readable: Sequence[Path],
         endpoint: RolloutEndpoint | None,
+        mounts: Sequence[Mount] = (),
     ) -> ExecResult:
         netns = await make_netns(endpoint.port if endpoint is not None else None)
         args = os.memfd_create("rlbus-bwrap-args")
         try:
-            os.write(args, "\0".join(self.options(workdir, env, readable)).encode() + b"\0")
+            options = self.options(workdir, env, readable, mounts)
+            os.write(args, "\0".join(options).encode() + b"\0")
             os.lseek(args, 0, os.SEEK_SET)
             limits = [cpu_limit(self.config.cpu_s)] if self.config.cpu_s is not None else []
             serving = (
@@ -205,5 +222,6 @@ class AutoRuntime(ProcessRuntime):
         stdin: bytes | None,
         readable: Sequence[Path],
         endpoint: RolloutEndpoint | None,
+        mounts: Sequence[Mount] = (),
     ) -> ExecResult:
-        return await self.chosen().launch(workdir, argv, env, stdin, readable, endpoint)
+        return await self.chosen().launch(workdir, argv, env, stdin, readable, endpoint, mounts)

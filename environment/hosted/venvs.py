@@ -13,8 +13,8 @@ pip and the package's build run with an allow-listed environment (`PASSED`): rlb
 and secrets (RLBUS_*, API keys) are not passed on. A spec pip cannot install leaves nothing
 behind; a failed `--force` reinstall leaves the previous venv as it was.
 
-Running an installed environment from a worker (the venv's python serving rollouts to rlbus's
-env producer) is not built yet: this module only makes, lists and removes the venvs.
+An installed environment runs in a worker of its own (host.py, by the venv's python; see
+worker.py and taskset.py beside this module).
 """
 
 from __future__ import annotations

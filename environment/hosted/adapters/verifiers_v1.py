@@ -1,0 +1,114 @@
+"""verifiers V1 (0.4): a task set installed as a package (its module exports a `Taskset`
+subclass, found the way `vf-eval NAME` finds it), run whole: each rollout is one V1 episode on
+the task, played by the environment's own harness in its own runtime, scored by its own rewards.
+Its model client points at the rollout's rlbus interception URL, so every model call is still
+recorded by rlbus (tokens, log-probs, policy versions).
+
+Args (env.toml `args`, or the CLI's): `taskset` (the taskset's config fields), `harness` and
+`runtime` (the agent's, as `--env.agent.harness.*` / `--env.agent.runtime.*`), `env` (any other
+V1 EnvConfig field, e.g. `{"timeout": {"episode": 120}}`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import verifiers.v1 as vf
+from verifiers.v1.env import RunSlot
+from verifiers.v1.utils.loaders import load_environment, resolve_env_config
+
+API_KEY_VAR = "RLBUS_INTERCEPTION_KEY"
+"""The variable V1's client reads its API key from: rlbus's interception URLs take any key."""
+
+
+def _messages(data: Any) -> list[dict[str, Any]]:
+    prompt = data.prompt
+    messages = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
+    if isinstance(prompt, str):
+        messages.append({"role": "user", "content": prompt})
+    elif prompt:
+        messages += [
+            m.model_dump(exclude_none=True) if hasattr(m, "model_dump") else dict(m) for m in prompt
+        ]
+    return messages
+
+
+def _plain(value: Any) -> Any:
+    return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+
+
+class Adapter:
+    def __init__(self, target: str, args: dict[str, Any]):
+        config: dict[str, Any] = {"taskset": {"id": target, **args.get("taskset", {})}}
+        # V1's default runtime is remote (reached through a Prime tunnel); here the agent runs
+        # beside its worker unless the args say otherwise.
+        agent = {"runtime": {"type": "subprocess"}}
+        agent.update({k: args[k] for k in ("harness", "runtime") if k in args})
+        config["agent"] = agent
+        config.update(args.get("env", {}))
+        os.environ.setdefault(API_KEY_VAR, "rlbus")
+        self.env = load_environment(resolve_env_config(config))
+        self.serving: Any = None
+        self.loaded: list[Any] = []
+        self.source: Any = None
+
+    async def describe(self) -> dict[str, Any]:
+        self.serving = self.env.serving()
+        await self.serving.__aenter__()
+        return {
+            "mode": "episode",
+            "framework": f"verifiers {vf.__version__ if hasattr(vf, '__version__') else '0.4'}",
+        }
+
+    def _task(self, index: int) -> Any:
+        # A V1 task set may be infinite: tasks are read as far as asked, once.
+        if self.source is None:
+            self.source = iter(self.env.taskset)
+        while len(self.loaded) <= index:
+            task = next(self.source, None)
+            if task is None:
+                raise IndexError(f"the task set has {len(self.loaded)} tasks, not {index + 1}")
+            self.loaded.append(task)
+        return self.loaded[index]
+
+    async def tasks(self, split: str, start: int, count: int) -> list[dict[str, Any]]:
+        rows = []
+        for index in range(start, start + count):
+            try:
+                task = self._task(index)
+            except IndexError:
+                break
+            data = task.data
+            rows.append(
+                {
+                    "prompt": _messages(data),
+                    "answer": str(getattr(data, "answer", "") or ""),
+                    "info": {"hosted": {"index": index, "name": getattr(data, "name", None)}},
+                }
+            )
+        return rows
+
+    async def rollout(self, task: dict[str, Any], endpoint: dict[str, str]) -> dict[str, Any]:
+        index = task["info"]["hosted"]["index"]
+        client = vf.EvalClientConfig(base_url=endpoint["base_url"], api_key_var=API_KEY_VAR)
+        ctx = vf.ModelContext(model=endpoint["model"], client=client)
+        episode = await self.env.run_slot(RunSlot(self._task(index)), ctx)
+        traces = list(episode.traces)
+        rewards: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        for trace in traces:
+            rewards.update({k: r.value for k, r in trace.rewards.items() if r is not None})
+            metrics.update({k: v for k, v in trace.metrics.items() if v is not None})
+        errors = [f"{e.type}: {e.message}" for e in episode.errors]
+        errors += [f"{e.type}: {e.message}" for t in traces for e in t.errors]
+        return {
+            "reward": sum(t.reward for t in traces),
+            "rewards": rewards,
+            "metrics": metrics,
+            "stop": next((t.stop_condition for t in traces if t.stop_condition), None),
+            "error": "; ".join(errors) if not episode.ok and errors else None,
+        }
+
+    async def aclose(self) -> None:
+        if self.serving is not None:
+            await self.serving.__aexit__(None, None, None)

@@ -1,0 +1,3 @@
+#!/bin/bash
+# The reference solution (Harbor's oracle agent runs it).
+echo "Hello, world!" > /app/hello.txt
