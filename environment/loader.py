@@ -108,10 +108,13 @@ def _entry_point(name: str) -> type[TaskSet] | None:
     return next(iter(matches)).load() if matches else None
 
 
-def resolve_taskset(ref: str, base_dir: Path | None = None) -> tuple[type[TaskSet], str]:
-    """The TaskSet class `ref` names, and `ref` resolved (file paths made absolute)."""
+def resolve_taskset(
+    ref: str, base_dir: Path | None = None, venv: str | None = None
+) -> tuple[type[TaskSet], str]:
+    """The TaskSet class `ref` names, and `ref` resolved (file paths made absolute); `venv`, the
+    installed environment a hosted one runs in when it is not the one of its own name."""
     target, _, attr = ref.partition(":")
-    if (hosted := hosted_spec(ref)) is not None:
+    if (hosted := hosted_spec(ref, venv)) is not None:
         cls, resolved = hosted_taskset_class(*hosted), ref
     elif ref.startswith(VERIFIERS):
         from rlbus.environment.verifiers import taskset_class
@@ -163,9 +166,11 @@ def load_environment(spec: str, overrides: dict[str, Any] | None = None) -> Envi
     table: dict[str, Any] = {}
     if file is not None:
         table = read_env_table(file)
-        cls, ref = resolve_taskset(table["taskset"], file.parent)
+    venv = deep_merge(table, overrides or {}).get("args", {}).get("venv")
+    if file is not None:
+        cls, ref = resolve_taskset(table["taskset"], file.parent, venv)
     else:
-        cls, ref = resolve_taskset(spec)
+        cls, ref = resolve_taskset(spec, venv=venv)
 
     def configured(defaults: dict[str, Any]) -> EnvConfig:
         merged = deep_merge(deep_merge(dict(defaults), table), overrides or {})

@@ -51,6 +51,9 @@ def _adapter_module(kind: str) -> Any:
     spec = importlib.util.spec_from_file_location(f"rlbus_hosted_{kind}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    # Registered before it runs, as an import would: dataclasses (and typing) look their
+    # module up in sys.modules.
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 

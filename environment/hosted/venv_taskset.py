@@ -42,10 +42,11 @@ def installed_python(kind: str, target: str, venv: str | None) -> Path:
     """The interpreter of the venv the environment is installed in; ConfigError saying how to
     install it when it is not."""
     name = normalized(venv or ("textarena" if kind == "textarena" else target))
-    root = envs_dir(data_dir(load_settings()))
+    data = data_dir(load_settings())
+    root = envs_dir(data)
     record = read_record(root / name)
     if record is None:
-        have = ", ".join(r.name for r in installed_envs(root.parent)) or "none"
+        have = ", ".join(r.name for r in installed_envs(data)) or "none"
         raise ConfigError(
             f"{kind}:{target} runs in an environment of its own, and none named {name!r} is "
             f"installed in {root} (installed: {have}): `rlbus env install SPEC` it (a PyPI "
@@ -128,14 +129,14 @@ def hosted_taskset_class(kind: str, target: str) -> type[HostedTaskSet]:
     return type(name, (HostedTaskSet,), {"kind": kind, "target": target, "name": name})
 
 
-def hosted_spec(ref: str) -> tuple[str, str] | None:
+def hosted_spec(ref: str, venv: str | None = None) -> tuple[str, str] | None:
     """(kind, target) when `ref` names a hosted environment: `openenv:` and `textarena:` always,
-    `verifiers:NAME` when NAME is installed in a venv of its own (else it is a classic verifiers
-    environment installed beside rlbus, environment/verifiers.py)."""
+    `verifiers:NAME` when `venv` is given or NAME is installed in a venv of its own (else it is
+    a classic verifiers environment installed beside rlbus, environment/verifiers.py)."""
     kind, sep, target = ref.partition(":")
     if not sep or kind not in MODES:
         return None
-    if kind == "verifiers":
+    if kind == "verifiers" and venv is None:
         root = envs_dir(data_dir(load_settings()))
         if read_record(root / normalized(target)) is None:
             return None

@@ -124,7 +124,9 @@ class InstalledEnv:
 
 
 def envs_dir(data_dir: Path) -> Path:
-    return data_dir.resolve() / "envs"
+    """Where installed environments live: RLBUS_ENVS_DIR, else DATA_DIR/envs."""
+    chosen = os.environ.get("RLBUS_ENVS_DIR")
+    return Path(chosen).resolve() if chosen else data_dir.resolve() / "envs"
 
 
 def normalized(name: str) -> str:

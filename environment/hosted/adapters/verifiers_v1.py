@@ -17,7 +17,7 @@ import verifiers.v1 as vf
 from verifiers.v1.env import RunSlot
 from verifiers.v1.utils.loaders import load_environment, resolve_env_config
 
-API_KEY_VAR = "RLBUS_INTERCEPTION_KEY"
+API_KEY_VAR = "HOSTED_ENDPOINT_TOKEN"
 """The variable V1's client reads its API key from: rlbus's interception URLs take any key."""
 
 
