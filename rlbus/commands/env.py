@@ -25,7 +25,8 @@ from rlbus.environment.hosted.venvs import EnvInstallError, install_env, install
 env_app = typer.Typer(
     no_args_is_help=True,
     help="""Environment packages, each in a venv of its own under the data directory
-(DATA_DIR/envs/NAME), with its own dependencies. Running them from a worker is not built yet.
+(DATA_DIR/envs/NAME), with its own dependencies; verifiers:NAME, openenv:PACKAGE and
+textarena:GAME run them in a worker process of their own.
 
 ```
 rlbus env install my-env        # from PyPI (or a wheel, a folder, a git URL)

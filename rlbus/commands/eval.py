@@ -29,7 +29,9 @@ EnvArgument = Annotated[
     typer.Argument(
         metavar="ENV",
         help="env.toml, a directory holding one, an installed "
-        "environment id, module:Class or FILE.py[:Class].",
+        "environment id, module:Class, FILE.py[:Class], or one from another framework: "
+        "verifiers:NAME, openenv:PACKAGE, textarena:GAME (installed by `rlbus env install`), "
+        "harbor:PATH.",
     ),
 ]
 

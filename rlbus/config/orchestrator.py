@@ -30,7 +30,8 @@ class AlgorithmConfig(Section):
 
 class EnvEntry(Section):
     path: str
-    """The environment: env.toml, a directory holding one, module:Class or FILE.py[:Class]."""
+    """The environment: env.toml, a directory holding one, module:Class, FILE.py[:Class], or a
+    hosted one (verifiers:NAME, openenv:PACKAGE, textarena:GAME, harbor:PATH)."""
     algorithm: AlgorithmConfig = AlgorithmConfig()
     weight: float = Field(default=1.0, gt=0)
     """Share of training tasks drawn from this environment."""

@@ -23,11 +23,14 @@ from typing import Any
 
 import pytest
 from support import ScriptedModel, ScriptedServer
-from support.isolated import isolated_settings, running_sink
+from support.in_process import run_in_process
+from support.isolated import isolated_settings, module_settings, running_sink
+from support.runs import run_config
 
 from rlbus.bus import EmbeddedBroker
 from rlbus.bus.store import open_store
 from rlbus.config import ConfigError, Settings
+from rlbus.consumers.inference.model_init import init_model
 from rlbus.environment import Environment, Scorer, load_environment
 from rlbus.environment.hosted.venvs import EnvInstallError, install_env
 from rlbus.launch.eval import run_eval
@@ -37,7 +40,8 @@ from rlbus.schemas.chat import text_of
 
 pytestmark = pytest.mark.slow
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "verifiers_v1" / "reverse_text"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE = EXAMPLES / "verifiers_v1" / "reverse_text"
 
 FAULTY = '''
 """Task 2 misbehaves as the task set's `mode` says: raise, exit (kills the worker), hang."""
@@ -294,3 +298,31 @@ def test_not_installed_says_how_to_install(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("RLBUS_ENVS_DIR", str(tmp_path / "envs"))
     with pytest.raises(ConfigError, match=r"openenv:nothing_here.*rlbus env install"):
         load_environment("openenv:nothing_here")
+
+
+def test_a_run_trains_on_a_v1_task_set_with_tokens_and_versions_stored(
+    venv: Path, broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """Two GRPO steps on `verifiers:reverse_text` (a tiny model, every role in this process, the
+    real broker and chdb): each rollout played by V1's own harness through the interception
+    server, stored with its token record and scored, and each step's weights announced."""
+    settings = module_settings(broker, tmp_path)
+    base = tmp_path / "tiny"
+    init_model(base, arch="llama", seed=0)
+    cfg = run_config(settings, base, tmp_path, eval_every=0, drop_zero_signal=False)
+    entry = cfg.envs["reverse_text"].model_copy(update={"path": "verifiers:reverse_text"})
+    cfg = cfg.model_copy(update={"max_steps": 2, "envs": {"reverse_text": entry}})
+    asyncio.run(run_in_process(cfg, EXAMPLES / "reverse_text", timeout_s=300))
+    with open_store(settings.store.url, read_only=True) as store:
+        counts = store.query(
+            "SELECT (SELECT count() FROM rollouts FINAL WHERE run_id = {r:String}), "
+            "(SELECT countIf(status = 'error') FROM rollouts FINAL WHERE run_id = {r:String}), "
+            "(SELECT count() FROM scored FINAL WHERE run_id = {r:String}), "
+            "(SELECT uniqExact(rollout_id) FROM tokens FINAL WHERE run_id = {r:String}), "
+            "(SELECT count() FROM weight_versions FINAL WHERE run_id = {r:String})",
+            {"r": cfg.run_id},
+        ).rows[0]
+    rollouts, errors, scored, with_tokens, versions = counts
+    assert rollouts >= 2 * 4 * 4 and errors == 0
+    assert scored == rollouts and with_tokens == rollouts
+    assert versions >= 2
