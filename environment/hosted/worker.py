@@ -215,7 +215,11 @@ class HostedWorker:
     async def acall(self, op: str, **params: Any) -> Any:
         """A request, awaited. Cancelled (a rollout's time limit), it is cancelled in the worker
         too, and a worker that then does not answer a ping is killed as hung."""
-        rid, future = await asyncio.to_thread(self.request, op, **params)
+        process = self._process
+        if process is not None and process.poll() is None:
+            rid, future = self.request(op, **params)
+        else:  # starting it waits for it to load: not on the event loop
+            rid, future = await asyncio.to_thread(self.request, op, **params)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
