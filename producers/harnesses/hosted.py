@@ -8,6 +8,8 @@ into the rollout's state for the judge."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from typing import Any
 
@@ -18,6 +20,9 @@ from rlbus.producers.harnesses.base import HarnessError, Rollout
 from rlbus.producers.harnesses.chat_loop import ChatHarness
 from rlbus.schemas import Messages
 from rlbus.schemas.chat import text_of
+
+CLOSE_S = 10
+"""How long a failed episode's close may take before the rollout's own error is reported."""
 
 
 def _row(rollout: Rollout) -> dict[str, Any]:
@@ -69,6 +74,11 @@ class HostedHarness:
         await worker.acall("reset", session=key, task=_row(rollout))
         try:
             completion = await ChatHarness(self.config, EnvironmentTurns(worker, key)).run(rollout)
-        finally:
-            rollout.state[STATE] = await worker.acall("close", session=key)
+        except BaseException:
+            # The episode's own failure is the rollout's (a timeout stays a timeout): closing
+            # is only tidying, and may fail too when the worker is what broke.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(worker.acall("close", session=key), CLOSE_S)
+            raise
+        rollout.state[STATE] = await worker.acall("close", session=key)
         return completion

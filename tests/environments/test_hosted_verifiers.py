@@ -38,7 +38,7 @@ from rlbus.producers.interception import EvalBackend, InterceptionServer
 from rlbus.producers.rollouts import RolloutOutput, RolloutRunner
 from rlbus.schemas.chat import text_of
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("verifiers-v1-venv")]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE = EXAMPLES / "verifiers_v1" / "reverse_text"

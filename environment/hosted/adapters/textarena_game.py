@@ -110,6 +110,9 @@ class Adapter:
         # A game that cannot be played here (it needs nltk data, an API key, more players, a
         # module that is not installed) fails now, naming itself, not in every rollout.
         try:
+            # Made once first, so that the game's modules (numpy, for some) are imported before
+            # any seeding: the first game is seeded as every later one.
+            ta.make(env_id=target)
             game, observation = self._new_game(self.seed)
         except Exception as exc:
             raise RuntimeError(
