@@ -113,20 +113,23 @@ async def main(kind: str, target: str, args: dict[str, Any]) -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     host = Host(out)
+    adapter: Any = None
     try:
-        adapter = _adapter_module(kind).Adapter(target, args)
-        described = await adapter.describe()
-    except Exception as exc:
-        host.send({"id": 0, "ok": False, "error": _failure(exc)})
-        return LOAD_FAILED
-    host.send({"id": 0, "ok": True, "result": described})
-    try:
+        try:
+            adapter = _adapter_module(kind).Adapter(target, args)
+            described = await adapter.describe()
+        except Exception as exc:
+            host.send({"id": 0, "ok": False, "error": _failure(exc)})
+            return LOAD_FAILED
+        host.send({"id": 0, "ok": True, "result": described})
         await host.serve(adapter)
+        return 0
     finally:
+        # Whatever the adapter started (a server, an interception pool) ends with it, also
+        # when describing failed.
         closing = getattr(adapter, "aclose", None)
         if closing is not None:
             await closing()
-    return 0
 
 
 if __name__ == "__main__":

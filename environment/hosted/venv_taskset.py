@@ -55,6 +55,15 @@ def installed_python(kind: str, target: str, venv: str | None) -> Path:
     return venv_python(Path(record.path))
 
 
+METRICS: dict[str, tuple[str, ...]] = {
+    "verifiers": (),
+    "openenv": ("steps", "invalid_actions"),
+    "textarena": ("turns", "invalid_move"),
+}
+"""The metrics each kind's adapter reports for every rollout, scored as rlbus metrics. A V1
+task set's own rewards and metrics vary by task set: they stay in the rollout's state."""
+
+
 class EnvironmentReward:
     """The environment's own total, as its worker reported it for the rollout."""
 
@@ -62,14 +71,33 @@ class EnvironmentReward:
         self.spec = spec
 
     def __call__(self, state: dict[str, Any]) -> float:
-        reported = state.get(STATE)
-        if not isinstance(reported, dict) or "reward" not in reported:
-            raise ValueError(f"the rollout's state holds no reward from {self.spec}")
-        return float(reported["reward"])
+        return float(reported(state, self.spec)["reward"])
 
     def fingerprint(self) -> str:
         """What decides the values (rules_version): the environment, scored by itself."""
         return f"hosted {self.spec}"
+
+
+class EnvironmentMetric(EnvironmentReward):
+    """One of the metrics the environment's adapter reported for the rollout."""
+
+    def __init__(self, spec: str, name: str):
+        super().__init__(spec)
+        self.name = name
+
+    def __call__(self, state: dict[str, Any]) -> float:
+        return float(reported(state, self.spec).get("metrics", {})[self.name])
+
+    def fingerprint(self) -> str:
+        return f"hosted {self.spec} metric {self.name}"
+
+
+def reported(state: dict[str, Any], spec: str) -> dict[str, Any]:
+    """What the environment reported for the rollout (ValueError when nothing was)."""
+    found = state.get(STATE)
+    if not isinstance(found, dict) or "reward" not in found:
+        raise ValueError(f"the rollout's state holds no reward from {spec}")
+    return found
 
 
 class HostedTaskSet(TaskSet):
@@ -113,9 +141,12 @@ class HostedTaskSet(TaskSet):
         return self._rows("eval")
 
     def adapted_rules(self) -> Rules:
-        return Rules(
-            rewards=[Rule("reward", "reward", 1.0, EnvironmentReward(self.spec), ("state",))]
-        )
+        reward = Rule("reward", "reward", 1.0, EnvironmentReward(self.spec), ("state",))
+        metrics = [
+            Rule(name, "metric", 0.0, EnvironmentMetric(self.spec, name), ("state",))
+            for name in METRICS[self.kind]
+        ]
+        return Rules(rewards=[reward], metrics=metrics)
 
 
 @functools.cache

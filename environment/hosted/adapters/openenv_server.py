@@ -4,7 +4,9 @@ server is started here, once per worker, as OpenEnv runs one without Docker (`py
 PACKAGE.server.app:app`), and each rollout is one WebSocket session on it through OpenEnv's own
 client, so many episodes run at once. rlbus's chat loop plays the episode: each model reply is
 parsed into an action and stepped, the observation comes back as the next user turn, and the
-reward is the total of the step rewards.
+reward is the total of the step rewards. A task's prompt is a system message saying how to write
+an action (from the server's /schema) and the first observation of a reset made when the task
+is read; the rollout then resets a session of its own with the same arguments.
 
 Args (env.toml `args`): `resets` (a list of reset keyword arguments, one task each; default
 `[{}]`; give a seed where the environment draws its episode, so a task is the same episode
@@ -44,7 +46,8 @@ CLOSE_TIMEOUT_S = 5.0
 OPENING = 16
 """Sessions opened at once to read tasks' first observations."""
 PR_SET_PDEATHSIG = 1
-_FENCE = re.compile(r"```[^\n`]*\n?(.*?)```", re.DOTALL)
+_FENCE = re.compile(r"```(?:[A-Za-z][\w+-]*[ \t]*\n)?(.*?)```", re.DOTALL)
+"""A code fence; a language tag only before a line break (```50``` holds 50)."""
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 """HTTP to the server on loopback, never through a proxy the environment passes on."""
 
@@ -64,7 +67,9 @@ class ServerError(RuntimeError):
     def details(self) -> str:
         """The validation errors, as a person reads them."""
         errors = self.data.get("errors") or []
-        parts = [f"{'.'.join(map(str, e.get('loc', ()))) or 'action'}: {e.get('msg')}" for e in errors]
+        parts = [
+            f"{'.'.join(map(str, e.get('loc', ()))) or 'action'}: {e.get('msg')}" for e in errors
+        ]
         return "; ".join(parts) or str(self)
 
 
@@ -111,7 +116,7 @@ def _session_class() -> Any:
     return Session
 
 
-def render(observation: Any) -> str:
+def observation_text(observation: Any) -> str:
     """An observation as the model reads it: its fields as JSON (OpenEnv's serialized
     observation holds neither reward nor done)."""
     return json.dumps(observation, ensure_ascii=False)
@@ -119,11 +124,11 @@ def render(observation: Any) -> str:
 
 def parse_action(reply: str, schema: dict[str, Any]) -> dict[str, Any]:
     """The model's reply as an action: a JSON object (in a code fence or not), or, for an
-    action with one required field, that field's value (the reply as text for a string field,
-    else as JSON)."""
-    text = reply.strip()
-    if fenced := _FENCE.search(text):
-        text = fenced.group(1).strip()
+    action with one required field, that field's value: for a string field the reply as it is
+    (an echo's reward counts its every character), or what its code fence holds; else the
+    reply as JSON."""
+    fenced = _FENCE.search(reply)
+    text = fenced.group(1).strip() if fenced else reply
     try:
         value: Any = json.loads(text)
     except ValueError:
@@ -137,19 +142,21 @@ def parse_action(reply: str, schema: dict[str, Any]) -> dict[str, Any]:
     if len(required) != 1:
         raise InvalidAction(f"the reply is not a JSON object with the fields {required}")
     field = required[0]
-    kind = (schema.get("properties") or {}).get(field, {}).get("type")
-    return {field: value if parsed and kind != "string" else text}
+    declared = (schema.get("properties") or {}).get(field, {})
+    kinds = [declared.get("type"), *(o.get("type") for o in declared.get("anyOf", []))]
+    return {field: text if "string" in kinds or not parsed else value}
 
 
 def action_format(schema: dict[str, Any]) -> str:
     """How to reply, from the action's JSON schema (its `metadata` is OpenEnv's own field)."""
-    shown = {**schema, "properties": {k: v for k, v in schema.get("properties", {}).items()
-                                       if k != "metadata"}}
+    shown = {
+        **schema,
+        "properties": {k: v for k, v in schema.get("properties", {}).items() if k != "metadata"},
+    }
     required = schema.get("required") or []
     single = f", or just the value of its field `{required[0]}`" if len(required) == 1 else ""
     return (
-        f"a JSON object matching this JSON schema{single}:\n"
-        f"{json.dumps(shown, ensure_ascii=False)}"
+        f"a JSON object matching this JSON schema{single}:\n{json.dumps(shown, ensure_ascii=False)}"
     )
 
 
@@ -177,8 +184,8 @@ def _die_with_parent() -> Callable[[], None] | None:
 
 
 def _app_of(target: str, args: dict[str, Any]) -> str:
-    """The server's app: `args.app`, else `server/app.py`'s `app` in TARGET's module, or in the
-    one module the installed distribution provides (OpenEnv names its packages `openenv-NAME`),
+    """The server's app: `args.app`, else `server/app.py`'s `app` in TARGET's module, or in a
+    module the installed distribution provides (OpenEnv names its packages `openenv-NAME`),
     found without importing it (importing openenv-core takes seconds: the server does it)."""
     if args.get("app"):
         return str(args["app"])
@@ -316,9 +323,7 @@ class Adapter:
         is asked again until it has room."""
         wait, longest = CAPACITY_RETRY_S
         while True:
-            client = _session_class()(
-                base_url=self.url, message_timeout_s=self.message_timeout_s
-            )
+            client = _session_class()(base_url=self.url, message_timeout_s=self.message_timeout_s)
             try:
                 await client.connect()
                 return client, await client.reset(**kwargs)
@@ -336,7 +341,7 @@ class Adapter:
         if entry not in self.first:
             client, result = await self._open(self.resets[entry])
             await client.disconnect()
-            self.first.setdefault(entry, render(result.observation))
+            self.first.setdefault(entry, observation_text(result.observation))
         return self.first[entry]
 
     # -- operations ------------------------------------------------------------------------
@@ -386,7 +391,7 @@ class Adapter:
         reset = task["info"]["hosted"]["reset"]
         client, result = await self._open(reset)
         self.episodes[session] = Episode(client)
-        observation = render(result.observation)
+        observation = observation_text(result.observation)
         prompt = task.get("prompt") or []
         if prompt and prompt[-1].get("content") != observation and not self.warned:
             self.warned = True
@@ -416,7 +421,11 @@ class Adapter:
         episode.steps += 1
         episode.total += reward
         episode.done = bool(result.done)
-        return {"observation": render(result.observation), "reward": reward, "done": episode.done}
+        return {
+            "observation": observation_text(result.observation),
+            "reward": reward,
+            "done": episode.done,
+        }
 
     async def close(self, session: str) -> dict[str, Any]:
         episode = self.episodes.pop(session, None)
