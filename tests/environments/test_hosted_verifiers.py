@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -101,7 +102,9 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     os.environ["RLBUS_ENVS_DIR"] = str(root / "envs")
     try:
         try:
-            installed = install_env(root, str(EXAMPLE), say=lambda line: None)
+            # From a copy: setuptools builds in the source folder, which others may be using.
+            source = shutil.copytree(EXAMPLE, root / "src" / EXAMPLE.name)
+            installed = install_env(root, str(source), say=lambda line: None)
         except EnvInstallError as exc:
             if os.environ.get("CI") == "true":
                 pytest.fail(f"CI installs verifiers 0.4 from the registry, and here: {exc}")

@@ -11,14 +11,59 @@ V1 EnvConfig field, e.g. `{"timeout": {"episode": 120}}`)."""
 from __future__ import annotations
 
 import os
+import ssl
+from collections import defaultdict
 from typing import Any
 
+import httpx
 import verifiers.v1 as vf
+from verifiers.v1.clients import eval as v1_eval_client
+from verifiers.v1.clients.base import DEFAULT_LIMITS
 from verifiers.v1.env import RunSlot
+from verifiers.v1.interception.server import InterceptionServer
 from verifiers.v1.utils.loaders import load_environment, resolve_env_config
 
 API_KEY_VAR = "HOSTED_ENDPOINT_TOKEN"
 """The variable V1's client reads its API key from: rlbus's interception URLs take any key."""
+
+# Each rlbus rollout has a URL of its own, so V1's interception server (which keeps one client
+# per distinct client config until serving ends) makes a client per rollout. Two costs follow,
+# both measured by bench/environments.py: each httpx client loads the CA store into an SSL
+# context of its own (~20 ms of CPU), and the clients pile up (~1 MB a rollout, for as long as
+# the worker runs). So every client V1 makes here shares one SSL context, and a rollout's
+# clients are dropped when it ends.
+SHARED_TLS = ssl.create_default_context()
+_made_for: dict[str, list[tuple[Any, str]]] = defaultdict(list)
+"""base URL -> (interception server, its client key) of the clients made for that URL."""
+_using: dict[str, int] = defaultdict(int)
+"""base URL -> rollouts running against it (its clients are dropped when the last ends)."""
+_server_client = InterceptionServer._client
+
+
+def _httpx_client(config: Any) -> httpx.AsyncClient:
+    timeout = httpx.Timeout(**config.timeout.model_dump())
+    return httpx.AsyncClient(timeout=timeout, limits=DEFAULT_LIMITS, verify=SHARED_TLS)
+
+
+def _tracked_client(server: Any, config: Any) -> Any:
+    client = _server_client(server, config)
+    _made_for[config.base_url].append((server, config.model_dump_json()))
+    return client
+
+
+async def _drop_clients(base_url: str) -> None:
+    _using[base_url] -= 1
+    if _using[base_url] > 0:
+        return
+    del _using[base_url]
+    for server, key in _made_for.pop(base_url, []):
+        client = server.clients.pop(key, None)
+        if client is not None:
+            await client.close()
+
+
+v1_eval_client.build_async_httpx = _httpx_client
+InterceptionServer._client = _tracked_client
 
 
 def _messages(data: Any) -> list[dict[str, Any]]:
@@ -92,7 +137,11 @@ class Adapter:
         index = task["info"]["hosted"]["index"]
         client = vf.EvalClientConfig(base_url=endpoint["base_url"], api_key_var=API_KEY_VAR)
         ctx = vf.ModelContext(model=endpoint["model"], client=client)
-        episode = await self.env.run_slot(RunSlot(self._task(index)), ctx)
+        _using[endpoint["base_url"]] += 1
+        try:
+            episode = await self.env.run_slot(RunSlot(self._task(index)), ctx)
+        finally:
+            await _drop_clients(endpoint["base_url"])
         traces = list(episode.traces)
         rewards: dict[str, float] = {}
         metrics: dict[str, float] = {}

@@ -84,7 +84,7 @@ class OneTurnHarness(vf.Harness[OneTurnConfig]):
 
     def __init__(self, config: OneTurnConfig) -> None:
         super().__init__(config)
-        self.clients: dict[tuple[str, str], openai.AsyncOpenAI] = {}
+        self.clients: dict[str, openai.AsyncOpenAI] = {}
 
     async def launch(
         self,
@@ -103,9 +103,13 @@ class OneTurnHarness(vf.Harness[OneTurnConfig]):
             messages.append({"role": "user", "content": prompt})
         else:
             messages += [dict(m) for m in prompt or []]
-        client = self.clients.get((endpoint, secret))
+        # One client per endpoint; V1 gives every rollout a secret of its own, sent with its
+        # request (a client per secret would load TLS certificates and keep a pool per rollout).
+        client = self.clients.get(endpoint)
         if client is None:
             client = openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
-            self.clients[(endpoint, secret)] = client
-        reply = await client.chat.completions.create(model=ctx.model, messages=messages)
+            self.clients[endpoint] = client
+        reply = await client.with_options(api_key=secret).chat.completions.create(
+            model=ctx.model, messages=messages
+        )
         return ProgramResult(0, reply.choices[0].message.content or "", "")
