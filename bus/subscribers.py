@@ -147,6 +147,8 @@ class Subscriber(Generic[H]):
         stop = stop or asyncio.Event()
         kafka = self.bus.kafka
         await self.bus.topics.ensure([*self.topics, "dlq"])
+        if stop.is_set():  # stopped while starting: no group to join and leave again
+            return
         consumer = AIOKafkaConsumer(
             *[self.bus.topics.name(t) for t in self.topics],
             **client_options(kafka),

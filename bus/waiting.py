@@ -5,8 +5,12 @@ before each try and raises to fail early, e.g. when a process the wait depends o
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def wait_for(
@@ -59,3 +63,40 @@ async def every(
             await asyncio.to_thread(action)
     if last:
         await asyncio.to_thread(action)
+
+
+async def unless_stopped(work: Callable[[], T], stop: asyncio.Event, what: str) -> T | None:
+    """Run the blocking `work` (loading a model: minutes for a large one) on a thread of its own
+    and return what it returns, or None as soon as `stop` is set first. Run on the event loop,
+    such work would hold back the signal handler that sets `stop` until it is done; here the
+    role leaves at once, and the thread (a daemon) is left to end with the process: what it
+    loads is neither used nor committed anywhere. `what` names it in the thread's name."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def target() -> None:
+        try:
+            result, error = work(), None
+        except BaseException as exc:  # handed to the awaiting coroutine, which raises it
+            result, error = None, exc
+
+        def settle() -> None:
+            if done.done():
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)  # pyright: ignore[reportArgumentType]
+
+        try:
+            loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the loop is closed: nobody waits for it any more
+            pass
+
+    threading.Thread(target=target, name=f"rlbus-{what}", daemon=True).start()
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({done, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    return done.result() if done.done() else None

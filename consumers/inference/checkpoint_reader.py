@@ -6,10 +6,7 @@ sharded or not), at any fsspec URL (`file://`, `s3://`, `memory://`, a plain pat
 
 from __future__ import annotations
 
-import json
-import posixpath
 from dataclasses import dataclass
-from typing import Any
 
 import fsspec
 import torch
@@ -17,6 +14,7 @@ from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import load_file as load_safetensors_file
 
 from rlbus.bus.files import is_local
+from rlbus.consumers.model_size import header_entries, read_bytes, read_header, safetensors_files
 from rlbus.schemas.weights_file import FORMATS, KIND_KEY, WeightsKind
 
 
@@ -26,20 +24,10 @@ class CheckpointError(ValueError):
 
 def checkpoint_files(uri: str) -> tuple[fsspec.AbstractFileSystem, list[str]]:
     """The safetensors files a checkpoint URI names, in load order."""
-    fs, path = fsspec.core.url_to_fs(uri)
-    if not fs.exists(path):
-        raise CheckpointError(f"checkpoint {uri} does not exist")
-    if not fs.isdir(path):
-        return fs, [path]
-    index = posixpath.join(path, "model.safetensors.index.json")
-    if fs.exists(index):
-        with fs.open(index, "rb") as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-        return fs, [posixpath.join(path, name) for name in shards]
-    files = sorted(p for p in fs.ls(path, detail=False) if p.endswith(".safetensors"))
-    if not files:
-        raise CheckpointError(f"checkpoint directory {uri} holds no .safetensors files")
-    return fs, files
+    try:
+        return safetensors_files(uri)
+    except FileNotFoundError as exc:
+        raise CheckpointError(str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -49,17 +37,10 @@ class Checkpoint:
     """Full weights or LoRA deltas over the base model (schemas/weights_file.py)."""
 
 
-def _entries(header: bytes) -> dict[str, Any]:
-    """A safetensors file's header (8-byte little-endian length, then JSON): its tensors by
-    name, and `__metadata__`."""
-    length = int.from_bytes(header[:8], "little")
-    return json.loads(header[8 : 8 + length])
-
-
 def _kind(header: bytes) -> str:
     """The kind a safetensors file's header names in `__metadata__`; files without rlbus's
     metadata, e.g. a Hugging Face model's, are full."""
-    metadata = _entries(header).get("__metadata__") or {}
+    metadata = header_entries(header).get("__metadata__") or {}
     return metadata.get(KIND_KEY, "full")
 
 
@@ -73,25 +54,12 @@ def _one_kind(kinds: set[str], uri: str) -> WeightsKind:
     return known[0]
 
 
-def _read(f: Any, size: int = -1) -> bytes:
-    """Bytes from an fsspec file opened "rb" (its annotations allow text as well)."""
-    data = f.read(size)
-    assert isinstance(data, bytes), "checkpoint files are opened 'rb'"
-    return data
-
-
-def _header(f: Any) -> bytes:
-    """A safetensors file's 8-byte header length and its JSON header, read from its start."""
-    length = _read(f, 8)
-    return length + _read(f, int.from_bytes(length, "little"))
-
-
 def tensor_names(fs: fsspec.AbstractFileSystem, files: list[str]) -> set[str]:
     """The tensor names checkpoint files hold, from their headers alone."""
     names: set[str] = set()
     for file in files:
         with fs.open(file, "rb") as f:
-            names.update(k for k in _entries(_header(f)) if k != "__metadata__")
+            names.update(k for k in header_entries(read_header(f)) if k != "__metadata__")
     return names
 
 
@@ -101,7 +69,7 @@ def weights_kind(uri: str) -> WeightsKind:
     kinds = set()
     for file in files:
         with fs.open(file, "rb") as f:
-            kinds.add(_kind(_header(f)))
+            kinds.add(_kind(read_header(f)))
     return _one_kind(kinds, uri)
 
 
@@ -116,11 +84,11 @@ def read_checkpoint(uri: str) -> Checkpoint:
         try:
             if is_local(fs):
                 with fs.open(file, "rb") as f:
-                    kinds.add(_kind(_header(f)))
+                    kinds.add(_kind(read_header(f)))
                 tensors.update(load_safetensors_file(file))
             else:
                 with fs.open(file, "rb") as f:
-                    raw = _read(f)
+                    raw = read_bytes(f)
                 kinds.add(_kind(raw))
                 tensors.update(load_safetensors_bytes(raw))
         except Exception as exc:  # safetensors raises its own error types for corrupt headers

@@ -60,6 +60,7 @@ from rlbus.consumers.inference.checkpoint_reader import match_parameters, read_c
 from rlbus.consumers.inference.detok import TextStream
 from rlbus.consumers.inference.packed_linear import pack_linears
 from rlbus.consumers.inference.sampling import RowSettings, sample
+from rlbus.consumers.inference.sizing import MAX_PREFILL_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +181,7 @@ class Engine:
         *,
         policy_version: int = 0,
         max_batch_size: int = 256,
-        max_prefill_tokens: int = 16384,
+        max_prefill_tokens: int = MAX_PREFILL_TOKENS,
         seed: int = 0,
     ) -> None:
         PaddedBatch.check_supported(model)

@@ -7,16 +7,20 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from starlette.types import ASGIApp
+
 from rlbus.bus.role import RoleSummary
+from rlbus.bus.waiting import unless_stopped
 from rlbus.config import Settings
 from rlbus.config.runs import VLLMConfig
-from rlbus.consumers.inference.api import BackendKind
+from rlbus.consumers.inference.api import BackendKind, InferenceBackend
 from rlbus.consumers.inference.serving import (
     advertised_url,
     default_worker_id,
     serve_following_weights,
     weights_group,
 )
+from rlbus.consumers.inference.sizing import check_serving_fits
 
 
 class InferenceRole:
@@ -70,8 +74,19 @@ class InferenceRole:
 
         if self.threads:
             torch.set_num_threads(self.threads)
-        engine = build_backend(self.model_path, self.backend, device=self.device, vllm=self.vllm)
-        app = build_app(engine, self.model_path)
+        check_serving_fits(self.model_path, self.backend, self.device, self.vllm)
+
+        def load() -> tuple[InferenceBackend, ASGIApp]:
+            path, backend = self.model_path, self.backend
+            engine = build_backend(path, backend, device=self.device, vllm=self.vllm)
+            return engine, build_app(engine, path)
+
+        # Off the event loop, so that a stop (Ctrl-C, SIGTERM) ends the role at once instead of
+        # after the load.
+        loaded = await unless_stopped(load, stop, "loading")
+        if loaded is None:
+            return RoleSummary(self.name, "inference stopped while loading", finished=False)
+        engine, app = loaded
         await serve_following_weights(
             self.settings, engine, app, self.host, self.port, stop, self.worker_id, self.url
         )

@@ -11,6 +11,7 @@ from rlbus.clients.renderer import make_renderer
 from rlbus.config.runs import VLLMConfig
 from rlbus.consumers.inference.api import BackendKind, InferenceBackend
 from rlbus.consumers.inference.server import create_inference_app
+from rlbus.consumers.inference.sizing import engine_dtype
 
 
 def build_backend(
@@ -27,7 +28,7 @@ def build_backend(
     if backend == "hf":
         from rlbus.consumers.inference.engine import Engine
 
-        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        dtype = getattr(torch, engine_dtype(device))
         return Engine.from_pretrained(
             model_path, device=device, dtype=dtype, policy_version=policy_version, seed=seed
         )

@@ -23,6 +23,7 @@ from torch.multiprocessing.spawn import ProcessContext, start_processes
 
 from rlbus.bus import Bus, free_port
 from rlbus.bus.role import RoleSummary
+from rlbus.bus.waiting import unless_stopped
 from rlbus.config.runs import RunConfig
 from rlbus.consumers.trainer.batch_trainer import GROUP, BatchTrainer, Step, train_batches
 from rlbus.consumers.trainer.session import Session, open_session
@@ -85,6 +86,12 @@ PR_SET_PDEATHSIG = 1
 
 def _backend(cfg: RunConfig) -> str:
     return "gloo" if cfg.trainer.device == "cpu" else "nccl"
+
+
+def _use_rank_device(cfg: RunConfig) -> None:
+    """With nccl, this rank's GPU (LOCAL_RANK) as the calling thread's CUDA device."""
+    if cfg.trainer.distributed and _backend(cfg) == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def _check_ranks(cfg: RunConfig, ranks: int) -> None:
@@ -161,8 +168,7 @@ def _ranks(cfg: RunConfig, resume: bool) -> Iterator[None]:
     if os.environ["RANK"] == "0":
         kind = "FSDP" if cfg.trainer.parallel == "fsdp" else "torchtitan (FSDP2)"
         log.info("%s: %d ranks (%s)", kind, world, _backend(cfg))
-    if _backend(cfg) == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    _use_rank_device(cfg)
     dist.init_process_group(_backend(cfg))
     failed = True
     try:
@@ -181,17 +187,36 @@ def _ranks(cfg: RunConfig, resume: bool) -> Iterator[None]:
                     pass
 
 
+def _joined(cfg: RunConfig, resume: bool) -> contextlib.AbstractContextManager[None]:
+    """The ranks (FSDP) joined while inside; nothing to join in one process."""
+    return _ranks(cfg, resume) if cfg.trainer.distributed else contextlib.nullcontext()
+
+
+def _open(cfg: RunConfig, resume: bool) -> Session:
+    _use_rank_device(cfg)  # CUDA's current device is the thread's own: this one may load
+    return open_session(cfg.trainer, cfg.model, cfg.checkpoint_url(), cfg.max_steps, resume)
+
+
+@contextlib.contextmanager
+def _closing(rank: TrainerRank) -> Iterator[TrainerRank]:
+    """On leaving, rank 0 tells the followers to stop."""
+    try:
+        yield rank
+    finally:
+        rank.close()
+
+
 @contextlib.contextmanager
 def trainer_rank(cfg: RunConfig, resume: bool) -> Iterator[TrainerRank]:
     """Join the ranks (FSDP) and open the session; on leaving, rank 0 tells the followers to
     stop."""
-    with _ranks(cfg, resume) if cfg.trainer.distributed else contextlib.nullcontext():
-        session = open_session(cfg.trainer, cfg.model, cfg.checkpoint_url(), cfg.max_steps, resume)
-        rank = TrainerRank(cfg, session)
-        try:
-            yield rank
-        finally:
-            rank.close()
+    with _joined(cfg, resume), _closing(TrainerRank(cfg, _open(cfg, resume))) as rank:
+        yield rank
+
+
+class StoppedWhileLoading(Exception):
+    """A stop came before the session was open: the ranks are left as after a failure (a
+    follower may wait in a collective rank 0 will never join)."""
 
 
 class TrainerRole:
@@ -216,10 +241,21 @@ class TrainerRole:
         return f"trainer: {cfg.model}, checkpoints {cfg.checkpoint_url()}"
 
     async def run(self, stop: asyncio.Event) -> RoleSummary:
-        with trainer_rank(self.cfg, self.resume) as rank:
-            log.info("trainer at step %d", rank.session.state.step)
-            if not rank.leads:
-                rank.follow()
-                return RoleSummary(self.name, f"rank {rank.session.trainer.ranks.rank} stopped")
-            step = await rank.run(stop)
+        cfg, resume = self.cfg, self.resume
+        try:
+            with _joined(cfg, resume):
+                # Loading takes minutes for a large model: off the event loop, so that a stop
+                # (Ctrl-C, SIGTERM) ends the role at once instead of after the load. (The ranks
+                # are joined here: rank 0's followers die with the thread that started them.)
+                session = await unless_stopped(lambda: _open(cfg, resume), stop, "loading")
+                if session is None:
+                    raise StoppedWhileLoading
+                with _closing(TrainerRank(cfg, session)) as rank:
+                    log.info("trainer at step %d", session.state.step)
+                    if not rank.leads:
+                        rank.follow()
+                        return RoleSummary(self.name, f"rank {session.trainer.ranks.rank} stopped")
+                    step = await rank.run(stop)
+        except StoppedWhileLoading:
+            return RoleSummary(self.name, "trainer stopped while loading", finished=False)
         return RoleSummary(self.name, f"trainer stopped at step {step}", figures={"step": step})

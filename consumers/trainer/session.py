@@ -27,6 +27,7 @@ from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.trainer.batch_trainer import Hooks
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, NothingToResume, TrainerState
 from rlbus.consumers.trainer.distributed import TorchRanks
+from rlbus.consumers.trainer.memory import check_training_fits
 from rlbus.consumers.trainer.policy import (
     load_policy,
     published_kind,
@@ -87,6 +88,7 @@ def open_session(
             f"trainer.lora with trainer.parallel = {cfg.parallel!r} is not supported: train "
             "adapters in one process"
         )
+    check_training_fits(cfg, model_path)  # NotEnoughMemory, with its estimate
     ranks = TorchRanks() if sharded else None
     if cfg.parallel == "torchtitan":
         from rlbus.consumers.trainer.titan import load_titan_policy

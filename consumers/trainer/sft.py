@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from rlbus.config.trainer import TrainerConfig
+from rlbus.consumers.trainer.memory import check_training_fits
 from rlbus.consumers.trainer.policy import load_policy, save_model
 from rlbus.consumers.trainer.step import StepResult, Trainer
 from rlbus.schemas import TrainSample
@@ -31,6 +32,7 @@ def train_sft(
         raise ValueError("no samples to train on")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    check_training_fits(cfg, model)  # NotEnoughMemory, with its estimate
     policy = load_policy(model, cfg.lora, cfg.device, cfg.gradient_checkpointing)
     trainer = Trainer(policy, cfg, steps)
     rng = random.Random(seed)

@@ -22,8 +22,8 @@ from rlbus.config.trainer import OptimConfig, TrainerConfig
 from rlbus.consumers.trainer.batching import MicroBatch, micro_batches
 from rlbus.consumers.trainer.distributed import Ranks, SingleProcess
 from rlbus.consumers.trainer.losses import TokenTensors, get_loss, kl_estimate, supervised_loss
-from rlbus.consumers.trainer.memory import micro_batch_tokens
-from rlbus.consumers.trainer.policy import token_logprobs
+from rlbus.consumers.trainer.memory import estimate, micro_batch_tokens
+from rlbus.consumers.trainer.policy import published_kind, token_logprobs
 from rlbus.schemas import TrainSample, masks
 
 
@@ -76,8 +76,11 @@ class Trainer:
             self.optimizer, lambda step: lr_factor(step, o, total_steps)
         )
         self.device = next(model.parameters()).device
+        adapters = published_kind(cfg.lora) == "lora-delta"
         self.micro_batch_tokens = micro_batch_tokens(
-            model, cfg.micro_batch_tokens, cfg.gradient_checkpointing, str(self.device)
+            estimate(model, cfg.gradient_checkpointing, adapters),
+            cfg.micro_batch_tokens,
+            str(self.device),
         )
         """cfg.micro_batch_tokens, or the size chosen for the memory available."""
 

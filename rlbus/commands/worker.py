@@ -31,6 +31,7 @@ from rlbus.config.env import cli_overrides
 from rlbus.config.runs import InferenceSettings, RunConfig, load_run_config
 from rlbus.console import console
 from rlbus.consumers.inference.api import BackendKind
+from rlbus.consumers.model_size import NotEnoughMemory
 from rlbus.discovery import local_broker
 from rlbus.launch.roles import build_role
 
@@ -162,7 +163,8 @@ def inference(
             )
         options = {"host": host, "port": port, "backend": backend, "device": device}
         vllm = settings.inference.vllm
-        run_role("inference", settings, model, **options, threads=threads, url=url, vllm=vllm)
+        with exits_on(NotEnoughMemory):
+            run_role("inference", settings, model, **options, threads=threads, url=url, vllm=vllm)
 
 
 def in_engine_environment(configured_python: str) -> None:
@@ -185,7 +187,7 @@ def trainer(ctx: typer.Context, config: ConfigOption = None, resume: ResumeOptio
     from rlbus.consumers.trainer.session import CheckpointExists
 
     cfg = _run_config(ctx, config, "trainer")
-    with exits_on(NothingToResume, CheckpointExists):
+    with exits_on(NothingToResume, CheckpointExists, NotEnoughMemory):
         run_role("trainer", cfg, resume=resume)
 
 

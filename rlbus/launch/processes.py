@@ -22,6 +22,9 @@ MEMORY_SETTINGS = {
 }
 """What to lower when a role runs out of memory."""
 
+KILL_AFTER_S = 15.0
+"""How long a role has to stop after SIGTERM before it and the processes it started are killed."""
+
 
 def _stop_with_launcher() -> None:
     """In the role's process, before exec: SIGTERM when the process that started it dies, however
@@ -100,15 +103,22 @@ class RoleProcess:
                 f"last lines of {self.log_path}:\n{self.log_tail()}"
             )
 
-    def stop(self, timeout_s: float = 15.0) -> int:
+    def terminate(self) -> None:
+        """SIGTERM: the role finishes what it handles, commits, and exits."""
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+
+    def wait_or_kill(self, timeout_s: float) -> int:
+        """Wait up to `timeout_s` for the role to exit, then kill it and everything it started."""
+        try:
+            self.proc.wait(max(0.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            self.kill()
         return self.proc.returncode
+
+    def stop(self, timeout_s: float = KILL_AFTER_S) -> int:
+        self.terminate()
+        return self.wait_or_kill(timeout_s)
 
     def kill(self) -> None:
         """SIGKILL the role and every process it started, as a crashed container's all die: no

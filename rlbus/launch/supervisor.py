@@ -11,6 +11,7 @@ process of a role has died (naming it; one of several dying is reported and the 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import time
@@ -34,8 +35,14 @@ from rlbus.launch.broker_losses import unstored
 from rlbus.launch.dashboard import Dashboard
 from rlbus.launch.env_files import env_file
 from rlbus.launch.local_sink import LocalSink
-from rlbus.launch.processes import RoleProcess, exit_reason
+from rlbus.launch.processes import KILL_AFTER_S, RoleProcess, exit_reason
 from rlbus.launch.roles import ROLES
+from rlbus.launch.run_memory import check_run_fits
+
+STARTING_GRACE_S = 5.0
+"""How long a role of a run still starting has to stop before it is killed: no work is in flight
+yet (a trainer still loading its model stops at once), so a stop that takes longer only keeps
+Ctrl-C waiting."""
 
 
 @dataclass
@@ -152,6 +159,8 @@ class LocalRun:
         """The embedded broker this run started (None: a configured or announced one)."""
         self.started = time.time()
         """When this launch began: what the store holds from before belongs to earlier ones."""
+        self.starting = False
+        """`run()` has started the roles and inference does not serve yet: no task is out."""
 
     @property
     def acks(self) -> Path:
@@ -184,6 +193,7 @@ class LocalRun:
         """Returns the orchestrator's exit code (0: max_steps reached and evaluated). SIGTERM
         stops it as Ctrl-C does (KeyboardInterrupt, the roles stopped in order)."""
         self.started = time.time()
+        check_run_fits(self.cfg)  # NotEnoughMemory, with the estimates, before anything starts
         with terminated_as_interrupt(), local_broker(self.cfg.base()) as (base, broker):
             self.broker = broker
             ledger = str(self.acks)
@@ -266,18 +276,28 @@ class LocalRun:
         return check
 
     def _run(self, base: Settings, timeout_s: float) -> int:
+        self.starting = True
         roles = self.start_roles(base)
         orchestrators, trainer = roles.orchestrators, roles.trainer
         services = self._services(roles)
+
+        def failed_to_start() -> None:
+            """While the run starts: a service gone, or a trainer that failed (refused its
+            model, its checkpoint), ends it at once."""
+            services()
+            if not trainer.alive() and trainer.proc.returncode != 0:
+                trainer.check()
+
         served = "a sink to serve the store"
-        wait_for(lambda: store_served_elsewhere(base), timeout_s, served, check=services)
+        wait_for(lambda: store_served_elsewhere(base), timeout_s, served, check=failed_to_start)
         urls = " or ".join(roles.urls)
         wait_for(
             lambda: any(healthy(u) for u in roles.urls),
             timeout_s,
             f"inference at {urls}",
-            check=services,
+            check=failed_to_start,
         )
+        self.starting = False
         dashboard = self.view or Dashboard(self.cfg.run_id, base.store.url)
 
         def finished() -> RoleProcess | None:
@@ -307,6 +327,29 @@ class LocalRun:
             ended.check()
         return ended.proc.returncode
 
-    def stop(self) -> None:
-        for p in sorted(self.processes, key=lambda p: ROLES[p.role].stop_rank):
-            p.stop()
+    def stop(self, grace_s: float = KILL_AFTER_S) -> None:
+        """Stop the roles in their order (ROLES' stop_rank, the processes of one rank together),
+        each rank given `grace_s` to exit before what is left of it is killed, process trees
+        whole. While the run is still starting (inference not serving yet: no task is out, no
+        role has work another must see through), every role but the sinks is stopped at once and
+        given STARTING_GRACE_S, then the sinks. Another Ctrl-C or SIGTERM meanwhile kills every
+        role left at once."""
+
+        def stage(p: RoleProcess) -> int:
+            return -1 if self.starting and p.role != "sink" else ROLES[p.role].stop_rank
+
+        order = sorted(self.processes, key=stage)
+        try:
+            for rank, same in itertools.groupby(order, key=stage):
+                group = list(same)
+                for p in group:
+                    p.terminate()
+                wait_s = grace_s if rank >= 0 else min(grace_s, STARTING_GRACE_S)
+                deadline = time.monotonic() + wait_s
+                for p in group:
+                    p.wait_or_kill(deadline - time.monotonic())
+        except KeyboardInterrupt:
+            for p in self.processes:
+                if p.alive():
+                    p.kill()
+            raise

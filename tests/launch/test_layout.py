@@ -31,6 +31,11 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+SHARED_BY_CONSUMERS = {"heartbeat", "model_size"}
+"""Modules of consumers/ itself, shared by the roles below them (not a role each): re-announcing
+what a role serves, and a model's sizes and memory read before it is loaded."""
+
+
 def area(module: str) -> str:
     """The part of the layout a module belongs to."""
     parts = module.split(".")
@@ -48,11 +53,8 @@ def area(module: str) -> str:
     if second == "producers":
         return "producers"
     if second == "consumers":
-        return (
-            f"consumers.{parts[2]}"
-            if len(parts) > 3 or parts[2:3] != ["heartbeat"]
-            else "consumers"
-        )
+        shared = len(parts) == 3 and parts[2] in SHARED_BY_CONSUMERS
+        return "consumers" if shared else f"consumers.{parts[2]}"
     return module
 
 
@@ -144,6 +146,7 @@ def test_no_import_circle_between_areas() -> None:
         ("rlbus.producers.rollouts", "producers"),
         ("rlbus.consumers.judge.role", "consumers.judge"),
         ("rlbus.consumers.heartbeat", "consumers"),
+        ("rlbus.consumers.model_size", "consumers"),
         ("rlbus.commands.worker", "cli"),
         ("rlbus.launch.supervisor", "launcher"),
         ("rlbus.launch.scripted_model", "launcher"),

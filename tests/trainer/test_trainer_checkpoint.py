@@ -231,14 +231,15 @@ def test_memory_estimate_refuses_what_cannot_fit_and_sizes_micro_batches(tied: P
     est = estimate(model, gradient_checkpointing=False)
     room = est.total(4096)
     with pytest.raises(NotEnoughMemory, match=r"lower trainer.micro_batch_tokens.*gradient_check"):
-        micro_batch_tokens(model, 8192, False, "cpu", available=room)
-    assert micro_batch_tokens(model, 4096, False, "cpu", available=room) == 4096  # honoured
+        micro_batch_tokens(est, 8192, "cpu", available=room)
+    assert micro_batch_tokens(est, 4096, "cpu", available=room) == 4096  # honoured
     # Unset: the largest power of two whose estimate fits in USABLE of what is available.
     plenty = int(est.total(2048) / USABLE) + 1
-    assert micro_batch_tokens(model, None, False, "cpu", available=plenty) == 2048
-    assert micro_batch_tokens(model, None, True, "cpu", available=plenty) > 2048
+    assert micro_batch_tokens(est, None, "cpu", available=plenty) == 2048
+    checkpointed = estimate(model, gradient_checkpointing=True)
+    assert micro_batch_tokens(checkpointed, None, "cpu", available=plenty) > 2048
     with pytest.raises(NotEnoughMemory, match="weights and optimizer state alone"):
-        micro_batch_tokens(model, 256, False, "cpu", available=est.fixed_bytes // 2)
+        micro_batch_tokens(est, 256, "cpu", available=est.fixed_bytes // 2)
 
 
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tied: Path) -> None:
