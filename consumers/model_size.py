@@ -15,11 +15,18 @@ import json
 import logging
 import math
 import posixpath
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import fsspec
+
+LOADING = threading.Lock()
+"""One model load at a time in a process: transformers' `from_pretrained` switches process-wide
+state while it builds a model (its weights first made on the meta device), so two loads on two
+threads at once (the trainer's and inference's, run in one process by the in-process runner)
+could leave one of them with meta tensors ("Cannot copy out of meta tensor")."""
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ from rlbus.consumers.inference.serving import (
     weights_group,
 )
 from rlbus.consumers.inference.sizing import check_serving_fits
+from rlbus.consumers.model_size import LOADING
 
 
 class InferenceRole:
@@ -78,7 +79,8 @@ class InferenceRole:
 
         def load() -> tuple[InferenceBackend, ASGIApp]:
             path, backend = self.model_path, self.backend
-            engine = build_backend(path, backend, device=self.device, vllm=self.vllm)
+            with LOADING:
+                engine = build_backend(path, backend, device=self.device, vllm=self.vllm)
             return engine, build_app(engine, path)
 
         # Off the event loop, so that a stop (Ctrl-C, SIGTERM) ends the role at once instead of

@@ -25,6 +25,7 @@ from rlbus.bus import Bus, free_port
 from rlbus.bus.role import RoleSummary
 from rlbus.bus.waiting import unless_stopped
 from rlbus.config.runs import RunConfig
+from rlbus.consumers.model_size import LOADING
 from rlbus.consumers.trainer.batch_trainer import GROUP, BatchTrainer, Step, train_batches
 from rlbus.consumers.trainer.session import Session, open_session
 from rlbus.schemas import group_of
@@ -194,7 +195,8 @@ def _joined(cfg: RunConfig, resume: bool) -> contextlib.AbstractContextManager[N
 
 def _open(cfg: RunConfig, resume: bool) -> Session:
     _use_rank_device(cfg)  # CUDA's current device is the thread's own: this one may load
-    return open_session(cfg.trainer, cfg.model, cfg.checkpoint_url(), cfg.max_steps, resume)
+    with LOADING:
+        return open_session(cfg.trainer, cfg.model, cfg.checkpoint_url(), cfg.max_steps, resume)
 
 
 @contextlib.contextmanager
