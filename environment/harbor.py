@@ -47,7 +47,6 @@ import functools
 import posixpath
 import re
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +54,7 @@ from typing import Any, ClassVar
 
 from rlbus.config import ConfigError
 from rlbus.environment.decorators import reward
+from rlbus.environment.docker_engine import docker_problem
 from rlbus.environment.harbor_tasks import (
     HarborTask,
     RewardFileError,
@@ -74,26 +74,8 @@ OUTPUT_TAIL = 2000
 """Characters of test.sh's output kept in the rollout's state."""
 
 
-@functools.cache
-def docker_engine_problem() -> str | None:
-    """Why no container runs here, or None when a Docker engine answers. (The environment
-    contract imports no runtime, tests/launch/test_layout.py; this asks as the docker runtime's
-    docker_problem does.)"""
-    if shutil.which("docker") is None:
-        return "no docker CLI on PATH"
-    try:
-        done = subprocess.run(
-            ["docker", "info", "--format", "{{.ServerVersion}}"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"`docker info` failed: {exc}"
-    if done.returncode != 0:
-        return f"no Docker engine: {(done.stderr or done.stdout).strip()[-200:]}"
-    return None
+docker_engine_problem = functools.cache(docker_problem)
+"""Asked once per process: every task set that needs an image asks it when it loads."""
 
 
 def _selected(tasks: list[HarborTask], keep: list[str] | None, exclude: list[str]) -> list[str]:

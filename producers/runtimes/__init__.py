@@ -1,6 +1,7 @@
 """Runtimes: where a rollout's programs run (sandbox, subprocess, local, docker; auto picks)."""
 
 from rlbus.config.env import RuntimeConfig
+from rlbus.environment.docker_engine import docker_problem
 from rlbus.producers.runtimes.base import (
     ExecResult,
     Mount,
@@ -10,7 +11,7 @@ from rlbus.producers.runtimes.base import (
     Sandbox,
     run_process,
 )
-from rlbus.producers.runtimes.docker import DockerRuntime, docker_problem
+from rlbus.producers.runtimes.docker import DockerRuntime
 from rlbus.producers.runtimes.local import LocalRuntime, SubprocessRuntime
 from rlbus.producers.runtimes.sandbox import AutoRuntime, SandboxRuntime, sandbox_problem
 

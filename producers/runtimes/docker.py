@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import socket
-import subprocess
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,25 +29,6 @@ RELAY = Path(__file__).with_name("relay.py")
 SOCKET = ".rlbus-model.sock"
 """The unix socket in the rollout's directory that the relay passes connections to."""
 _CLIENT_ENV = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_CERT_PATH")
-
-
-def docker_problem() -> str | None:
-    """Why containers cannot run here, or None when a Docker engine answers."""
-    if shutil.which("docker") is None:
-        return "no docker CLI on PATH"
-    try:
-        done = subprocess.run(
-            ["docker", "info", "--format", "{{.ServerVersion}}"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"`docker info` failed: {exc}"
-    if done.returncode != 0:
-        return f"no Docker engine: {(done.stderr or done.stdout).strip().splitlines()[-1]}"
-    return None
 
 
 def _mount_options(mount: Mount) -> tuple[str, ...]:

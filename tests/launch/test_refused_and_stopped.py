@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.model_configs import LLAMA_7B
 from support.pids import alive
 from support.runs import EXAMPLE, run_args
 
@@ -33,21 +34,7 @@ assertion: what is asserted is that no weight is read. Unloaded here it refuses 
 CI's load (four test workers on two cores) it took 11 s, most of it importing torch."""
 STOPPED_WITHIN_S = 10.0
 
-LLAMA_7B: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 11008,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 32,
-    "vocab_size": 32000,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
-}
-"""Llama-2-7B's sizes: its trainer needs ~149 GB at 1024 tokens a micro-batch, its built-in
-inference server on a CPU ~45 GB."""
+
 LLAMA_70B = {
     **LLAMA_7B,
     "hidden_size": 8192,

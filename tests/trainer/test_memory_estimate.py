@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.model_configs import LLAMA_7B
 
 from rlbus.config.runs import RunConfig
 from rlbus.config.trainer import LoraConfig, TrainerConfig
@@ -25,20 +26,6 @@ from rlbus.launch.run_memory import check_run_fits
 
 GB = 10**9
 
-LLAMA_7B: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 11008,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 32,
-    "vocab_size": 32000,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
-}
-"""Llama-2-7B's config.json (its sizes)."""
 
 SMALL = {
     "hidden_size": 64,
