@@ -4,6 +4,7 @@ reads its options, builds the role through the registry (rlbus.launch.roles) and
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from collections.abc import Callable
@@ -209,8 +210,14 @@ def run_role(name: str, *args: Any, **options: Any) -> RoleSummary:
     """Build the role through the registry, say what it is about to do, run it until it is done
     or a signal comes, and say what it did."""
     role = build_role(name, *args, **options)
-    console.print(role.describe(), markup=False)
-    done = run_until_signal(role.run)
+
+    async def described(stop: asyncio.Event) -> RoleSummary:
+        # Said once the stop handlers are in place: a signal that follows this line ends the
+        # role with its summary (one sent before them killed it mid-way, with nothing said).
+        console.print(role.describe(), markup=False)
+        return await role.run(stop)
+
+    done = run_until_signal(described)
     console.print(done.said, markup=False)
     return done
 
