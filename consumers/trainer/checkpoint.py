@@ -3,7 +3,9 @@
     <base>/weights/v000012.safetensors   what WeightVersion 12 points at, in trainer.weights_dtype:
                                          full weights (LoRA merged, a tied head left out) or
                                          LoRA deltas alone (schemas/weights_file.py)
-    <base>/state/step-000012/state.pt    model + optimizer + scheduler (every checkpoint_every)
+    <base>/state/step-000012/state.pt    trained weights + optimizer + scheduler (every
+                                         checkpoint_every); under LoRA the adapters alone and
+                                         a digest of the frozen base (session.py)
     <base>/state/step-000012/meta.json   step, version, ids of every batch trained so far
     <base>/latest.json                   {"step": 12, "state": "state/step-000012"}
 

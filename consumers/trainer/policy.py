@@ -3,8 +3,9 @@ forward pass the losses need (per-token log-probs of the given ids, tempered, pl
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeGuard, cast
+from typing import TYPE_CHECKING, TypeGuard, TypeVar, cast
 
 import torch
 from torch import nn
@@ -75,7 +76,10 @@ def tied_aliases(model: nn.Module) -> frozenset[str]:
     return frozenset(aliases)
 
 
-def without(names: frozenset[str], state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+V = TypeVar("V")
+
+
+def without(names: frozenset[str], state: dict[str, V]) -> dict[str, V]:
     return {k: v for k, v in state.items() if k not in names}
 
 
@@ -120,6 +124,35 @@ def adapter_deltas(model: nn.Module) -> dict[str, torch.Tensor]:
         out[base + LORA_A] = a.detach().cpu().clone().contiguous()
         out[base + LORA_B] = (b.detach().cpu() * module.scaling["default"]).contiguous()
     return out
+
+
+def frozen_names(model: nn.Module) -> frozenset[str]:
+    """Names of the parameters training leaves as loaded (the base model under LoRA), each
+    tied one under every name it has."""
+    return frozenset(
+        name
+        for name, param in model.named_parameters(remove_duplicate=False)
+        if not param.requires_grad
+    )
+
+
+FROZEN_SAMPLES = 4096
+"""Values of each frozen tensor that `frozen_digest` reads."""
+
+
+def frozen_digest(model: nn.Module) -> str:
+    """A digest of the parameters training leaves as loaded (the base model under LoRA; "" when
+    every one trains): their names, shapes, dtypes and up to FROZEN_SAMPLES evenly spaced values
+    of each. Enough to tell the base a state was trained on from another model or another
+    fine-tune of it, without reading every weight."""
+    h = hashlib.blake2b(digest_size=16)
+    frozen = [(name, param) for name, param in model.named_parameters() if not param.requires_grad]
+    for name, param in frozen:
+        flat = param.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // FROZEN_SAMPLES)].contiguous()
+        h.update(f"{name} {tuple(param.shape)} {param.dtype}".encode())
+        h.update(sample.view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest() if frozen else ""
 
 
 def published_kind(lora: LoraConfig) -> WeightsKind:

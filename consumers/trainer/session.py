@@ -5,6 +5,8 @@ checkpoint; a fresh start refuses to overwrite one).
 State goes through torch.distributed.checkpoint's full state dicts in every mode (parameter
 names as keys), so a checkpoint written by one process resumes under FSDP and back; torchtitan's
 decoder names its parameters its own way, so its checkpoints resume under torchtitan only.
+A state holds the parameters that train: under LoRA the adapters, not the frozen base, which a
+resume loads from `model` again after checking it against the base's digest in the state.
 Published weights carry Hugging Face names whichever trainer wrote them.
 """
 
@@ -29,6 +31,8 @@ from rlbus.consumers.trainer.checkpoint import CheckpointStore, NothingToResume,
 from rlbus.consumers.trainer.distributed import TorchRanks
 from rlbus.consumers.trainer.memory import check_training_fits
 from rlbus.consumers.trainer.policy import (
+    frozen_digest,
+    frozen_names,
     load_policy,
     published_kind,
     published_weights,
@@ -38,6 +42,9 @@ from rlbus.consumers.trainer.policy import (
 from rlbus.consumers.trainer.step import Trainer
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+STATE = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+"""A trainer state's model part: frozen parameters left out before they are copied off the
+device (loading a state without them keeps the model's own)."""
 WEIGHTS_DTYPES: dict[str, torch.dtype | None] = {
     "bfloat16": torch.bfloat16,
     "float32": torch.float32,
@@ -47,6 +54,22 @@ WEIGHTS_DTYPES: dict[str, torch.dtype | None] = {
 
 class CheckpointExists(RuntimeError):
     """A fresh start would overwrite a run's checkpoints."""
+
+
+class WrongBaseModel(RuntimeError):
+    """A state resumed onto frozen weights other than those it was trained with."""
+
+
+def check_base(trained: dict[str, str] | None, loaded: dict[str, str], url: str) -> None:
+    """`trained`: the state's record of its frozen weights, None in a state saved before the
+    record was kept (such a state holds every weight)."""
+    if trained is not None and trained["digest"] != loaded["digest"]:
+        raise WrongBaseModel(
+            f"the trainer state under {url} leaves out the frozen weights of "
+            f"{trained['model']}, which it was trained on; {loaded['model']} (the run's model) "
+            "with this trainer.lora freezes other weights: resume with the model and "
+            "trainer.lora the state was trained with"
+        )
 
 
 @dataclass
@@ -113,24 +136,31 @@ def open_session(
             return published_weights(model, kind)
 
     trainer = Trainer(model, cfg, total_steps, ranks)
+    # Once: the frozen weights do not change while training.
+    frozen = {"model": model_path, "digest": frozen_digest(model)}
+    # STATE leaves a frozen parameter out under its first name only: a tied head's second
+    # name would still carry the whole embedding.
+    left_out = frozen_names(model)
     state = TrainerState()
     if resume:
         state, saved = checkpoints.load()
+        check_base(saved.get("frozen"), frozen, checkpoints.url)
         set_state_dict(
             model,
             trainer.optimizer,
             model_state_dict=saved["model"],
             optim_state_dict=saved["optimizer"],
-            options=FULL,
+            options=STATE,
         )
         trainer.scheduler.load_state_dict(saved["scheduler"])
 
     def everything() -> dict:
-        model_state, optim_state = get_state_dict(model, trainer.optimizer, options=FULL)
+        model_state, optim_state = get_state_dict(model, trainer.optimizer, options=STATE)
         return {
-            "model": model_state,
+            "model": without(left_out, model_state),
             "optimizer": optim_state,
             "scheduler": trainer.scheduler.state_dict(),
+            "frozen": frozen,
         }
 
     return Session(

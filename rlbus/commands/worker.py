@@ -185,10 +185,10 @@ def trainer(ctx: typer.Context, config: ConfigOption = None, resume: ResumeOptio
     consumes."""
     require_train_extra("rlbus worker trainer")
     from rlbus.consumers.trainer.checkpoint import NothingToResume
-    from rlbus.consumers.trainer.session import CheckpointExists
+    from rlbus.consumers.trainer.session import CheckpointExists, WrongBaseModel
 
     cfg = _run_config(ctx, config, "trainer")
-    with exits_on(NothingToResume, CheckpointExists, NotEnoughMemory):
+    with exits_on(NothingToResume, CheckpointExists, WrongBaseModel, NotEnoughMemory):
         run_role("trainer", cfg, resume=resume)
 
 

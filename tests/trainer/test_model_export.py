@@ -162,6 +162,9 @@ def test_a_full_version_and_latest_load_as_the_engine_serves_them(
 
 
 def test_a_lora_version_is_merged_onto_its_base(lora: Run, tmp_path: Path) -> None:
+    # The run kept trainer states of its adapters alone: an export needs the version and --base.
+    states = [torch.load(p, weights_only=False) for p in lora.checkpoints.glob("state/*/state.pt")]
+    assert states and all(s["model"] and all(".lora_" in n for n in s["model"]) for s in states)
     out = tmp_path / "lora"
     summary = export_version(lora.store, lora.ref("latest"), out, lora.base)
     assert (summary.version.version, summary.kind, summary.tied) == (STEPS, "lora-delta", False)

@@ -1,10 +1,12 @@
 """Weights the trainer writes at real-model size: a tied model's embedding stored once and
 loaded by inference, bf16 on the wire, the trainer state only every `checkpoint_every` steps
-with batches held uncommitted until a saved state holds them."""
+with batches held uncommitted until a saved state holds them, a LoRA state without the frozen
+base it resumes onto."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,8 @@ from rlbus.config.trainer import TrainerConfig
 from rlbus.consumers.inference.engine import Engine
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.trainer.batch_trainer import BatchTrainer
-from rlbus.consumers.trainer.session import open_session
+from rlbus.consumers.trainer.policy import full_weights
+from rlbus.consumers.trainer.session import WrongBaseModel, open_session
 from rlbus.schemas import TrainBatch, TrainSample, TrainStep, masks
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 
@@ -118,6 +121,68 @@ async def test_lora_on_a_tied_model_publishes_merged_weights_once(
     with torch.no_grad():
         expected = session.trainer.model(input_ids=ids).logits
     torch.testing.assert_close(await logits_after_load(tied, uri, ids), expected)
+
+
+def bytes_under(folder: Path, pattern: str = "*") -> int:
+    return sum(p.stat().st_size for p in folder.rglob(pattern) if p.is_file())
+
+
+def assert_same_optimizer(got: dict, expected: dict) -> None:
+    # a state loaded through torch.distributed.checkpoint gives AdamW its betas as a list
+    groups = [{**g, "betas": tuple(g["betas"])} for g in got["param_groups"]]
+    assert groups == expected["param_groups"]
+    assert got["state"].keys() == expected["state"].keys()
+    for i, state in expected["state"].items():
+        for k, v in state.items():
+            assert torch.equal(got["state"][i][k], v), (i, k)
+
+
+LORA = TrainerConfig.model_validate(
+    {"lora": {"enabled": True, "rank": 4, "target_modules": "q_proj,v_proj"}, "optim": {"lr": 1e-2}}
+)
+"""Adapters of ~1 % of this 128-wide model's weights, as rank 8 on every linear layer is of
+SmolLM2-135M's (1.8 %); rank 8 on every layer of this model would be ~9 %."""
+
+
+def test_a_lora_state_leaves_the_base_out_and_resumes_bit_for_bit(
+    tied: Path, tmp_path: Path
+) -> None:
+    """A LoRA trainer's state holds the adapters and their optimizer state, not the frozen base
+    (a resume loads it from `model` again): a fraction of the base's bytes. The resumed trainer
+    has the same weights and optimizer state, and its next step is the one it would have taken
+    without the stop."""
+    ckpt = tmp_path / "ckpt"
+    session = open_session(LORA, str(tied), str(ckpt), 10, resume=False)
+    session.trainer.step(batch(1).samples)
+    session.state.step = 1
+    session.checkpoints.save(session.state, session.hooks.state())
+    assert bytes_under(ckpt / "state") < 0.1 * bytes_under(tied, "*.safetensors")
+    held = torch.load(ckpt / "state/step-000001/state.pt")["model"]
+    trained = session.trainer.model.named_parameters()
+    assert set(held) == {name for name, p in trained if p.requires_grad}  # no tied head either
+    weights = full_weights(session.trainer.model)
+    optimizer = copy.deepcopy(session.trainer.optimizer.state_dict())
+    went_on = session.trainer.step(batch(2).samples)
+
+    resumed = open_session(LORA, str(tied), str(ckpt), 10, resume=True)
+    for name, tensor in full_weights(resumed.trainer.model).items():
+        assert torch.equal(tensor, weights[name]), name
+    assert_same_optimizer(resumed.trainer.optimizer.state_dict(), optimizer)
+    assert resumed.trainer.step(batch(2).samples).loss == went_on.loss
+    after = full_weights(session.trainer.model)
+    for name, tensor in full_weights(resumed.trainer.model).items():
+        assert torch.equal(tensor, after[name]), name
+
+
+def test_a_lora_state_refuses_a_base_it_was_not_trained_on(tied: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    init_model(other, arch="qwen3", seed=1)  # same shapes and names, other weights
+    ckpt = str(tmp_path / "ckpt")
+    session = open_session(LORA, str(tied), ckpt, 10, resume=False)
+    session.checkpoints.save(session.state, session.hooks.state())
+    with pytest.raises(WrongBaseModel) as refused:
+        open_session(LORA, str(other), ckpt, 10, resume=True)
+    assert str(tied) in str(refused.value) and str(other) in str(refused.value)
 
 
 async def test_weights_travel_in_bf16_and_the_step_reports_their_size(
