@@ -298,6 +298,8 @@ def plot(path: Path, title: str, rl: list, bare: list, curve: list) -> None:
     held_out = Figure(
         f"{title}: held-out exact match",
         "RL wall time (s)",
+        "held-out exact match",
+        "fraction 0-1",
         [
             Series(label, [(p[0], p[2]) for p in points])
             for points, label in (
@@ -310,6 +312,8 @@ def plot(path: Path, title: str, rl: list, bare: list, curve: list) -> None:
     rollouts = Figure(
         "training rollouts (from ClickHouse)",
         "policy version that sampled the rollouts",
+        "exact match; mean reward",
+        "fraction 0-1; score",
         [
             Series("exact match", [(c[0], c[1]) for c in curve]),
             Series("reward (all of the env's rewards, weighted)", [(c[0], c[2]) for c in curve]),

@@ -38,14 +38,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import msgspec
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import AIOKafkaConsumer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from rlbus.bus import Bus
 from rlbus.bus.connection import client_options
+from rlbus.bus.lag import Lag
 from rlbus.bus.store import open_store
 from rlbus.config import Settings
 from rlbus.config.runs import load_run_config
@@ -149,80 +149,6 @@ def store_figures(
     return {str(t): int(b) for t, b in tables}, {str(r): int(n) for r, n in runs}, engine
 
 
-class Lag:
-    """Every consumer group's lag on the broker: end offsets minus committed offsets."""
-
-    def __init__(self, settings: Settings):
-        self.kafka = settings.kafka
-        self.admin = AIOKafkaAdminClient(**client_options(self.kafka))
-        self.reader = AIOKafkaConsumer(**client_options(self.kafka), enable_auto_commit=False)
-
-    async def __aenter__(self) -> Lag:
-        await self.admin.start()
-        await self.reader.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.reader.stop()
-        await self.admin.close()
-
-    async def partitions(self) -> list[TopicPartition]:
-        """Every partition of rlbus's topics."""
-        prefix = self.kafka.topic_prefix
-        topics = [t for t in await self.admin.list_topics() if t.startswith(prefix)]
-        return [
-            TopicPartition(described["topic"], p["partition"])
-            for described in await self.admin.describe_topics(topics)
-            for p in described["partitions"]
-        ]
-
-    async def ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        """Each partition's end offset. Tansu 0.6 reports the first offset of a partition's
-        last batch + 1 as its end, so that batch is fetched and its last offset taken."""
-        reported = await self.reader.end_offsets(tps)
-        ends = dict(reported)
-        fetch = [tp for tp in tps if reported[tp] > 0]
-        self.reader.assign(fetch)
-        for tp in fetch:
-            self.reader.seek(tp, reported[tp] - 1)
-        left = set(fetch)
-        while left:
-            for tp, records in (await self.reader.getmany(*left, timeout_ms=1000)).items():
-                if records:
-                    ends[tp] = records[-1].offset + 1
-                    left.discard(tp)
-        return ends
-
-    async def events(self) -> int:
-        """Messages on rlbus's topics so far."""
-        return sum((await self.ends(await self.partitions())).values())
-
-    async def groups(self) -> dict[str, int]:
-        prefix = self.kafka.topic_prefix
-        every = await self.partitions()
-        committed = {}
-        for group, _ in await self.admin.list_consumer_groups():
-            if group.startswith(prefix):
-                # Partitions named: Tansu 0.6's answer to "all of the group's" is one aiokafka
-                # cannot decode.
-                offsets = await self.admin.list_consumer_group_offsets(group, partitions=every)
-                committed[group.removeprefix(prefix)] = {
-                    tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0
-                }
-        # Ends after commits: a commit read later than an end could pass it.
-        ends = await self.ends(every)
-        starts = await self.reader.beginning_offsets(every)
-        out: dict[str, int] = {}
-        for group, offsets in committed.items():
-            # The group's topics are those it committed in; a partition of them with no commit
-            # yet is behind by all it holds.
-            mine = {tp.topic for tp in offsets}
-            behind = [ends[tp] - offsets.get(tp, starts[tp]) for tp in every if tp.topic in mine]
-            if behind:
-                out[group] = sum(behind)
-        return out
-
-
 class RunOf(msgspec.Struct):
     """The one field of any event that the tally below reads."""
 
@@ -236,7 +162,7 @@ Tally = dict[tuple[str, str], list[int]]
 async def topic_tally(settings: Settings) -> Tally:
     """Every message on rlbus's topics, counted by run and topic."""
     prefix = settings.kafka.topic_prefix
-    async with Lag(settings) as lag:
+    async with Lag(settings.kafka) as lag:
         partitions = await lag.partitions()
     reader = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
     await reader.start()
@@ -458,7 +384,7 @@ async def watch(
     stopped_by = f"{args.minutes:g} minutes passed"
     started = time.monotonic()
     try:
-        async with Lag(settings) as lag:
+        async with Lag(settings.kafka) as lag:
             with Progress(console=console) as progress, (workdir / "soak.jsonl").open("a") as out:
                 bar = progress.add_task("soak", total=args.minutes * 60)
                 while (elapsed := time.monotonic() - started) < args.minutes * 60:

@@ -281,6 +281,34 @@ class DeadLetter(Event, kw_only=True):
     key: bytes = b""
 
 
+class HealthSample(Event, kw_only=True):
+    """What `rlbus run` measured of its run at one moment (every health.sample_every_s): the
+    memory of each of its processes and how far behind each of its consumer groups is."""
+
+    table = "health_samples"
+
+    rss_mib: dict[str, float] = {}
+    """Resident memory (VmRSS) by process, in MiB: the process's log name (env, env-2), the
+    embedded broker as "broker"."""
+    lag: dict[str, Int64] = {}
+    """Messages behind by consumer group (end offsets minus committed offsets, over the
+    partitions it commits in): the run's groups and the shared sink's."""
+
+
+class RunIncident(Event, kw_only=True):
+    """Something that happened to a run, at `ts`, that whoever watches it should see without
+    reading logs: a role that exited or restarted, the embedded broker rotated."""
+
+    table = "incidents"
+
+    incident: str
+    """What happened: "role-exited", "role-restarted", "broker-rotation", ..."""
+    detail: str = ""
+    """For a person: "rss 812 MB > 768 MB; 1,204 messages carried; paused 14.2 s"."""
+    process: str = ""
+    """The process it happened to (its log name: env-2); '' for the run as a whole."""
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (
     TaskPublished,
     RolloutCompleted,
@@ -292,6 +320,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     WeightLoaded,
     TrainStep,
     DeadLetter,
+    HealthSample,
+    RunIncident,
 )
 
 AnyEvent = (
@@ -305,4 +335,6 @@ AnyEvent = (
     | WeightLoaded
     | TrainStep
     | DeadLetter
+    | HealthSample
+    | RunIncident
 )

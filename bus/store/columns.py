@@ -35,6 +35,8 @@ LOW_CARDINALITY = frozenset(
         "split",
         "harness",
         "loss",
+        "incident",
+        "process",
     }
 )
 """String fields with few distinct values per run: dictionary-encoded on disk and in memory."""

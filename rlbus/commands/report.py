@@ -29,9 +29,10 @@ def report_command(
     scorer_version: ScorerVersionOption = "",
     config: ConfigOption = None,
 ) -> None:
-    """A run's report: reward, held-out evaluation, loss, staleness, drops and throughput curves
-    (those with data) as PNGs, and one HTML file holding them with the run's tables; nothing in
-    it is fetched from anywhere. Needs matplotlib (the `plots` extra)."""
+    """A run's report: reward, held-out evaluation, loss, staleness, drops, throughput and weight
+    update curves, and the memory and consumer lag `rlbus run` sampled (those with data), as
+    PNGs, and one HTML file holding them with the run's tables (incidents among them); nothing
+    in it is fetched from anywhere. Needs matplotlib (the `plots` extra)."""
     from rlbus.bus.store import StoreError
     from rlbus.ui.report import ReportError, write_report
 

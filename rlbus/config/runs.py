@@ -72,6 +72,16 @@ class InferenceConfig(Section):
         return [u for u in (self.url, *self.urls) if u]
 
 
+class HealthConfig(Section):
+    """What `rlbus run` records of its own processes while it runs (rlbus.launch.run_health),
+    for `rlbus ui` and `rlbus report`: memory and consumer lag over time, and incidents."""
+
+    sample_every_s: float = Field(default=15.0, ge=0)
+    """Seconds between samples of each process's resident memory and each consumer group's lag
+    (one HealthSample event each time, a few hundred bytes); 0: none. Incidents (a role exited,
+    the broker rotated) are recorded either way."""
+
+
 class InferenceSettings(Settings):
     """`rlbus worker inference`'s settings: the shared ones and the [inference] table (its
     interpreter and vLLM's engine settings; the command's options give the rest)."""
@@ -95,6 +105,7 @@ class RunConfig(Settings):
     others wait as standbys, one of which takes it over if the holder dies."""
     envs: dict[str, EnvEntry] = {}
     """Environments by name: [envs.NAME] path = "...", algorithm.name = "grpo", overrides..."""
+    health: HealthConfig = HealthConfig()
 
     def check(self) -> RunConfig:
         """What the model cannot check field by field (load_settings builds it empty first)."""

@@ -53,6 +53,7 @@ TABLE_HEADINGS = {
     "pass-at-k": "pass@k",
     "errors": "Errors by kind",
     "latency": "Latency (seconds)",
+    "incidents": "Incidents (roles exited or restarted, broker rotations)",
 }
 
 
@@ -123,7 +124,8 @@ class Pages:
             raise NotFound(f"no run {run_id!r} in the store")
         reward = data["reward"]
         figures = {
-            name: line_chart(f.series, f.title, f.x_label) for name, f in run_figures(data).items()
+            name: line_chart(f.series, f.title, f.x_label, f.y_axis)
+            for name, f in run_figures(data).items()
         }
         return self.page(
             "run.html",
@@ -137,6 +139,7 @@ class Pages:
                 "pass-at-k": data["pass_at_k"],
                 "errors": data["errors"],
                 "latency": data["latency"],
+                "incidents": data["incidents"],
             },
             headings=TABLE_HEADINGS,
             others=[r for r in data["run_ids"] if r != run_id][:50],
@@ -229,8 +232,9 @@ class Pages:
                         ("held_out_mean_reward", "held-out"),
                     )
                 ],
-                "reward by policy version",
+                "Reward by policy version",
                 "version",
+                "mean reward (score)",
             )
             context.update(
                 tasks=data["tasks"],
@@ -300,12 +304,14 @@ def _quick_chart(columns: tuple[str, ...], rows: list[tuple]) -> Any:
             [Series(columns[i], [(float(r[0]), r[i]) for r in rows]) for i in picked],
             "quick chart",
             columns[0],
+            ", ".join(columns[i] for i in picked),
         )
     shown = rows[:60]
     return bar_chart(
         [str(r[0]) for r in shown],
         [Series(columns[i], [(n, r[i]) for n, r in enumerate(shown)]) for i in picked],
         "quick chart",
+        ", ".join(columns[i] for i in picked),
     )
 
 

@@ -1,5 +1,6 @@
 """SVG charts drawn here, with no library and no script: line charts over steps (or any number)
-and bar charts over labels. Every point carries a <title> with its exact value."""
+and bar charts over labels. Each chart shows its title and its y axis's label (what it measures,
+in which unit) above and beside the plot; every point carries a <title> with its exact value."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from dataclasses import dataclass
 
 from markupsafe import Markup, escape
 
-WIDTH, HEIGHT = 520, 210
-LEFT, RIGHT, TOP, BOTTOM = 52, 14, 26, 30
-COLOURS = 6
-"""Series colours are CSS classes s0..s5 (static/ui.css)."""
+WIDTH, HEIGHT = 520, 240
+LEFT, RIGHT, BOTTOM = 66, 14, 30
+TITLE_Y, LEGEND_Y, LEGEND_ROW = 16, 26, 15
+"""The title's baseline, the first legend row's top, and each further row's height: the plot
+starts below the legend's rows (a chart of many processes wraps its legend)."""
+COLOURS = 10
+"""Series colours are CSS classes s0..s9 (static/ui.css)."""
 
 
 @dataclass(frozen=True)
@@ -45,23 +49,34 @@ def ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     return [round(start + i * step, 12) for i in range(steps + 1)]
 
 
-def _frame(title: str, body: list[str], legend: list[str]) -> Markup:
+def _frame(title: str, y_label: str, body: list[str], legend: list[str], top: float) -> Markup:
+    """The chart: its title, its y axis's label (centred on the plot, which starts at `top`),
+    the legend and the plot."""
     label = escape(title)
+    y_mid = (top + HEIGHT - BOTTOM) / 2
     return Markup(
-        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{label}">'
-        f"<title>{label}</title>{''.join(legend)}{''.join(body)}</svg>"
+        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
+        f'aria-label="{label}: {escape(y_label)}"><title>{label}</title>'
+        f'<text class="title" x="8" y="{TITLE_Y}">{label}</text>'
+        f'<text class="axis y" transform="rotate(-90)" x="{-y_mid:.1f}" y="14">'
+        f"{escape(y_label)}</text>{''.join(legend)}{''.join(body)}</svg>"
     )
 
 
-def _legend(names: Sequence[str]) -> list[str]:
-    out, x = [], LEFT
+def _legend(names: Sequence[str]) -> tuple[list[str], float]:
+    """Swatches and names in rows from LEGEND_Y, wrapped at the chart's width; and the top of
+    the plot below them."""
+    out, x, y = [], LEFT, LEGEND_Y
     for i, name in enumerate(names):
+        width = 24 + 7 * len(name)
+        if x > LEFT and x + width > WIDTH - RIGHT:
+            x, y = LEFT, y + LEGEND_ROW
         out.append(
-            f'<rect class="swatch s{i % COLOURS}" x="{x}" y="8" width="10" height="10"/>'
-            f'<text class="legend" x="{x + 14}" y="17">{escape(name)}</text>'
+            f'<rect class="swatch s{i % COLOURS}" x="{x}" y="{y}" width="10" height="10"/>'
+            f'<text class="legend" x="{x + 14}" y="{y + 9}">{escape(name)}</text>'
         )
-        x += 24 + 7 * len(name)
-    return out
+        x += width
+    return out, y + LEGEND_ROW + 8
 
 
 def _y_grid(values: Sequence[float], py: Callable[[float], float]) -> list[str]:
@@ -72,29 +87,35 @@ def _y_grid(values: Sequence[float], py: Callable[[float], float]) -> list[str]:
     ]
 
 
-def line_chart(series: Sequence[Series], title: str, x_label: str = "step") -> Markup:
+def line_chart(
+    series: Sequence[Series], title: str, x_label: str = "step", y_label: str = ""
+) -> Markup:
+    """`y_label`: what the y axis measures, with its unit ("resident memory (MiB)")."""
     drawn = [s for s in series if any(y is not None for _, y in s.points)]
     xs = [x for s in drawn for x, y in s.points if y is not None]
     ys = [y for s in drawn for _, y in s.points if y is not None]
     if not ys:
         return _frame(
             title,
+            y_label,
             [f'<text class="empty" x="{WIDTH / 2}" y="{HEIGHT / 2}">no data yet</text>'],
             [],
+            LEGEND_Y,
         )
+    legend, top = _legend([s.name for s in series])
     y_ticks = ticks(min(ys), max(ys))
     x_ticks = ticks(min(xs), max(xs))
     if all(float(x).is_integer() for x in xs):
         x_ticks = sorted({round(t) for t in x_ticks})
     x0, x1 = min(x_ticks[0], min(xs)), max(x_ticks[-1], max(xs))
     y0, y1 = y_ticks[0], y_ticks[-1]
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - top - BOTTOM
 
     def px(x: float) -> float:
         return LEFT + (plot_w * (x - x0) / (x1 - x0) if x1 > x0 else plot_w / 2)
 
     def py(y: float) -> float:
-        return TOP + plot_h - (plot_h * (y - y0) / (y1 - y0) if y1 > y0 else plot_h / 2)
+        return top + plot_h - (plot_h * (y - y0) / (y1 - y0) if y1 > y0 else plot_h / 2)
 
     body = _y_grid(y_ticks, py)
     for t in x_ticks:
@@ -102,8 +123,8 @@ def line_chart(series: Sequence[Series], title: str, x_label: str = "step") -> M
             f'<text class="tick x" x="{px(t):.1f}" y="{HEIGHT - BOTTOM + 16}">'
             f"{format_number(t)}</text>"
         )
-    body.append(f'<text class="axis" x="{WIDTH - RIGHT}" y="{HEIGHT - 4}">{escape(x_label)}</text>')
     label = escape(x_label)
+    body.append(f'<text class="axis x" x="{WIDTH - RIGHT}" y="{HEIGHT - 4}">{label}</text>')
     for i, s in enumerate(series):
         colour = f"s{i % COLOURS}"
         # each point's place, worked out once for the line and the dot (a console result can
@@ -128,22 +149,25 @@ def line_chart(series: Sequence[Series], title: str, x_label: str = "step") -> M
                     f"<title>{name} · {label} {format_number(x)}: {format_number(y)}</title>"
                     "</circle>"
                 )
-    return _frame(title, body, _legend([s.name for s in series]))
+    return _frame(title, y_label, body, legend, top)
 
 
-def bar_chart(labels: Sequence[str], series: Sequence[Series], title: str) -> Markup:
+def bar_chart(
+    labels: Sequence[str], series: Sequence[Series], title: str, y_label: str = ""
+) -> Markup:
     """Bars per label (x of each point is the label's index), grouped by series."""
     ys = [y for s in series for _, y in s.points if y is not None]
     if not labels or not ys:
-        return line_chart([], title)
+        return line_chart([], title, y_label=y_label)
+    legend, top = _legend([s.name for s in series])
     y_ticks = ticks(min(0.0, min(ys)), max(0.0, max(ys)))
     y0, y1 = y_ticks[0], y_ticks[-1]
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - top - BOTTOM
     slot = plot_w / len(labels)
     bar = max(1.0, slot * 0.8 / max(1, len(series)))
 
     def py(y: float) -> float:
-        return TOP + plot_h - plot_h * (y - y0) / (y1 - y0)
+        return top + plot_h - plot_h * (y - y0) / (y1 - y0)
 
     body = _y_grid(y_ticks, py)
     step = max(1, math.ceil(len(labels) / 12))
@@ -163,4 +187,4 @@ def bar_chart(labels: Sequence[str], series: Sequence[Series], title: str) -> Ma
                 f'height="{max(bottom - top, 0.5):.1f}"><title>{escape(s.name)} · '
                 f"{escape(labels[int(x)])}: {format_number(y)}</title></rect>"
             )
-    return _frame(title, body, _legend([s.name for s in series]))
+    return _frame(title, y_label, body, legend, top)

@@ -1,6 +1,7 @@
 """What a run's curves are, from the run page's query results (RUN_CURVES in
 rlbus.bus.store.reads.run_page): defined once, drawn as SVG by the run page (rlbus.ui.charts)
-and as PNG by `rlbus report` (rlbus.ui.report)."""
+and as PNG by `rlbus report` (rlbus.ui.report). Each says what it shows (its title) and what
+its y axis measures in which unit."""
 
 from __future__ import annotations
 
@@ -9,12 +10,24 @@ from typing import Any
 
 from rlbus.ui.charts import Series
 
+HEALTH = ("memory", "lag")
+"""The curves of a run's health samples, which only `rlbus run` records: drawn when they have
+data (a run of `rlbus worker` processes never will, and an empty chart would say it might)."""
+
 
 @dataclass(frozen=True)
 class Figure:
     title: str
     x_label: str
+    y_label: str
+    """What the y axis measures ("resident memory")."""
+    unit: str
+    """Its unit ("MiB"), always said: a number without one reads as anything."""
     series: list[Series]
+
+    @property
+    def y_axis(self) -> str:
+        return f"{self.y_label} ({self.unit})"
 
     @property
     def has_data(self) -> bool:
@@ -26,9 +39,17 @@ def series(rows: list[dict[str, Any]], x: str, columns: dict[str, str]) -> list[
     return [Series(name, [(r[x], r[c]) for r in rows]) for c, name in columns.items()]
 
 
+def by_name(rows: list[dict[str, Any]], name: str, x: str, y: str) -> list[Series]:
+    """One series per distinct value of column `name` (rows ordered by it, then by `x`)."""
+    found: dict[str, list[tuple[float, float | None]]] = {}
+    for r in rows:
+        found.setdefault(r[name], []).append((r[x], r[y]))
+    return [Series(key, points) for key, points in found.items()]
+
+
 def run_figures(data: dict[str, list[dict[str, Any]]]) -> dict[str, Figure]:
-    """A run's curves: reward, held-out evaluation, loss, staleness, drops, throughput and weight
-    updates."""
+    """A run's curves: reward, held-out evaluation, loss, staleness, drops, throughput, weight
+    updates, and, when `rlbus run` sampled them, memory by process and lag by consumer group."""
     reward, steps, stale = data["reward"], data["steps"], data["staleness"]
     throughput = {
         role: [
@@ -38,10 +59,12 @@ def run_figures(data: dict[str, list[dict[str, Any]]]) -> dict[str, Figure]:
         ]
         for role in ("inference", "trainer")
     }
-    return {
+    figures = {
         "reward": Figure(
-            "reward by policy version",
+            "Reward by policy version",
             "version",
+            "mean reward",
+            "score",
             series(
                 reward,
                 "step",
@@ -53,8 +76,10 @@ def run_figures(data: dict[str, list[dict[str, Any]]]) -> dict[str, Figure]:
             ),
         ),
         "held_out": Figure(
-            "held-out evaluation",
+            "Held-out evaluation by policy version",
             "version",
+            "mean reward (score) and pass rate",
+            "0-1",
             series(
                 [r for r in reward if r["held_out_rollouts"]],
                 "step",
@@ -62,11 +87,17 @@ def run_figures(data: dict[str, list[dict[str, Any]]]) -> dict[str, Figure]:
             ),
         ),
         "loss": Figure(
-            "loss", "step", series(steps, "step", {"loss": "loss", "mismatch_kl": "mismatch KL"})
+            "Training loss and trainer-inference mismatch",
+            "step",
+            "mean per token",
+            "loss; KL in nats",
+            series(steps, "step", {"loss": "loss", "mismatch_kl": "mismatch KL"}),
         ),
         "staleness": Figure(
-            "staleness",
+            "Staleness of the samples trained on",
             "step",
+            "behind the trained policy",
+            "versions",
             series(
                 stale,
                 "step",
@@ -74,27 +105,33 @@ def run_figures(data: dict[str, list[dict[str, Any]]]) -> dict[str, Figure]:
             ),
         ),
         "drops": Figure(
-            "samples dropped",
+            "Left out of training, per step",
             "step",
-            series(stale, "step", {"dropped_stale": "stale (trainer)"})
+            "dropped",
+            "count",
+            series(stale, "step", {"dropped_stale": "stale samples (trainer)"})
             + series(
                 data["drops"],
                 "step",
                 {
-                    "dropped_zero_signal": "zero signal",
-                    "dropped_too_long": "too long",
+                    "dropped_zero_signal": "zero-signal groups",
+                    "dropped_too_long": "too-long samples",
                     "errored_rollouts": "errored rollouts",
                 },
             ),
         ),
         "throughput": Figure(
-            "tokens/s",
+            "Throughput by policy version",
             "version",
+            "throughput",
+            "tokens/s",
             [Series(role, points) for role, points in throughput.items()],
         ),
         "weights": Figure(
-            "weight update (s)",
+            "Weight update time by version",
             "version",
+            "time",
+            "s",
             series(
                 data["weights"],
                 "version",
@@ -105,4 +142,21 @@ def run_figures(data: dict[str, list[dict[str, Any]]]) -> dict[str, Figure]:
                 },
             ),
         ),
+        "memory": Figure(
+            "Memory by process",
+            "minutes since the first sample",
+            "resident memory",
+            "MiB",
+            by_name(data["memory"], "process", "minute", "mib"),
+        ),
+        "lag": Figure(
+            "Consumer lag by group",
+            "minutes since the first sample",
+            "consumer lag",
+            "messages",
+            by_name(data["lag"], "group", "minute", "messages"),
+        ),
+    }
+    return {
+        name: figure for name, figure in figures.items() if name not in HEALTH or figure.has_data
     }

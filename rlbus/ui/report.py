@@ -1,8 +1,8 @@
 """`rlbus report RUN`: a run's page as files: one PNG per curve that has data and one HTML file
 holding them (base64 PNGs, inline style, no script, nothing fetched), with the run's summary and
-its environment, pass@k and error tables. The data is the run page's (Queries.run_page), the
-curves its figures (rlbus.ui.figures); drawn with matplotlib, the `plots` extra. `png` also
-draws bench/learning.py's plots."""
+its environment, pass@k, error and incident tables. The data is the run page's
+(Queries.run_page), the curves its figures (rlbus.ui.figures); drawn with matplotlib, the
+`plots` extra. `png` also draws bench/learning.py's plots."""
 
 from __future__ import annotations
 
@@ -43,27 +43,33 @@ def pyplot() -> Any:
     return plt
 
 
-def png(figures: Sequence[Figure], columns: int = 1, dpi: int = 110) -> bytes:
-    """The figures side by side (`columns` per row) as one PNG; a None value breaks a line."""
-    plt = pyplot()
+def draw(ax: Any, figure: Figure) -> None:
+    """One figure on matplotlib axes: its curves, title and axis labels (the y axis's with its
+    unit); a None value breaks a line."""
     from matplotlib import ticker
 
+    for s in figure.series:
+        points = sorted(s.points, key=lambda p: p[0])
+        if any(y is not None for _, y in points):
+            ys = [math.nan if y is None else y for _, y in points]
+            ax.plot([x for x, _ in points], ys, marker="o", markersize=3, label=s.name)
+    ax.set(title=figure.title, xlabel=figure.x_label, ylabel=figure.y_axis)
+    xs = [x for s in figure.series for x, _ in s.points]
+    if xs and all(float(x).is_integer() for x in xs):  # steps and versions
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize="small")
+
+
+def png(figures: Sequence[Figure], columns: int = 1, dpi: int = 110) -> bytes:
+    """The figures side by side (`columns` per row) as one PNG."""
+    plt = pyplot()
     rows = math.ceil(len(figures) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(5.6 * columns, 3.6 * rows), squeeze=False)
     try:
         for ax, figure in zip(axes.flat, figures, strict=False):
-            for s in figure.series:
-                points = sorted(s.points, key=lambda p: p[0])
-                if any(y is not None for _, y in points):
-                    ys = [math.nan if y is None else y for _, y in points]
-                    ax.plot([x for x, _ in points], ys, marker="o", markersize=3, label=s.name)
-            ax.set(title=figure.title, xlabel=figure.x_label)
-            xs = [x for s in figure.series for x, _ in s.points]
-            if xs and all(float(x).is_integer() for x in xs):  # steps and versions
-                ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-            ax.grid(alpha=0.3)
-            if ax.lines:
-                ax.legend(fontsize="small")
+            draw(ax, figure)
         for ax in list(axes.flat)[len(figures) :]:
             ax.set_visible(False)
         fig.tight_layout()
@@ -103,7 +109,12 @@ SUMMARY = (
     "first_ts",
     "last_ts",
 )
-TABLES = {"envs": "Environments", "pass_at_k": "pass@k", "errors": "Errors by kind"}
+TABLES = {
+    "envs": "Environments",
+    "pass_at_k": "pass@k",
+    "errors": "Errors by kind",
+    "incidents": "Incidents (roles exited or restarted, broker rotations)",
+}
 
 
 def _cell(value: Any) -> Markup:
@@ -139,8 +150,8 @@ def html_page(
 ) -> str:
     scores = f"scorer version {version}" if version else "each rollout's newest score"
     figures = Markup("").join(
-        Markup('<figure><img alt="{}" src="data:image/png;base64,{}"></figure>').format(
-            figure.title, base64.b64encode(image).decode()
+        Markup('<figure><img alt="{}: {}" src="data:image/png;base64,{}"></figure>').format(
+            figure.title, figure.y_axis, base64.b64encode(image).decode()
         )
         for figure, image in images.values()
     )

@@ -26,6 +26,7 @@ ROW = re.compile(r"│ (\w+)\s*│([^│]*)│([^│]*)│([^│]*)│([^│]*)�
 BAR = re.compile(r"^(\w+)\s+━+\s+(\d+)/(\d+)", re.MULTILINE)
 TABLES = ("tasks", "rollouts", "trace_nodes", "tokens", "scored", "batches")
 TABLES += ("weight_versions", "weights_loaded", "train_steps", "dead_letters")
+TABLES += ("health_samples", "incidents")  # what `rlbus run` records of its rl stage
 
 
 def number(cell: str) -> int:

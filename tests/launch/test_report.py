@@ -4,123 +4,26 @@ the PNGs, one per curve of the run page that has data, from a real store."""
 from __future__ import annotations
 
 import base64
+import html
 import re
 import sys
 from pathlib import Path
 
 import pytest
 import typer
+from support.stored_runs import ROTATION, health_events, run_events, store_events
 from typer.testing import CliRunner
 
-from rlbus.bus.store import open_store
 from rlbus.commands.report import register
-from rlbus.schemas import (
-    RolloutCompleted,
-    RolloutScored,
-    TokenRecord,
-    TrainBatch,
-    TrainStep,
-    WeightLoaded,
-    WeightVersion,
-    derived_id,
-)
-from rlbus.schemas.packed import pack_tokens
 
 PNG = b"\x89PNG\r\n\x1a\n"
 CURVES = {"reward", "held_out", "loss", "staleness", "drops", "throughput", "weights"}
 
 
-def run_events(run: str, train: bool) -> list[list]:
-    """Rollouts sampled by versions 0-2 (every fourth held out), their scores and timed model
-    calls; with `train`, two train steps, their batches and their weights, published and loaded."""
-    rollouts, scores, records = [], [], []
-    for version in range(3):
-        for i in range(4):
-            rollout = derived_id(run, version, i)
-            held_out = i == 3
-            common = {
-                "run_id": run,
-                "rollout_id": rollout,
-                "group_id": derived_id(run, version),
-                "task_id": f"t{version}-{i}",
-                "env": "reverse_text",
-                "sample_index": i,
-                "group_size": 4,
-            }
-            rollouts.append(
-                RolloutCompleted(
-                    **common,
-                    info={"split": "test"} if held_out else {},
-                    min_policy_version=version,
-                    max_policy_version=version,
-                    duration_s=0.5,
-                )
-            )
-            scores.append(
-                RolloutScored(**common, reward=version / 2 + i / 10, policy_version=version)
-            )
-            records.append(
-                TokenRecord(
-                    run_id=run,
-                    rollout_id=rollout,
-                    completion_ids=pack_tokens([1, 2, 3, 4]),
-                    policy_version=version,
-                    duration_s=0.25,
-                    ts=1.7e9 + version * 10 + i,
-                )
-            )
-    events = [rollouts, scores, records]
-    if train:
-        events.append(
-            [
-                TrainStep(
-                    run_id=run,
-                    step=step,
-                    loss=1.0 / step,
-                    num_samples=8,
-                    num_tokens=256,
-                    tokens_per_s=1000.0,
-                    staleness={"0": 6, "1": 2},
-                    dropped_stale=step - 1,
-                    metrics={"step_s": 0.256, "weights_write_s": 0.05, "weights_mb": 5.0},
-                )
-                for step in (1, 2)
-            ]
-        )
-        events.append(
-            [
-                WeightVersion(run_id=run, ts=1.7e9 + step, version=step, uri=f"v{step}")
-                for step in (1, 2)
-            ]
-        )
-        events.append(
-            [
-                WeightLoaded(
-                    run_id=run, ts=1.7e9 + step + 0.1, version=step, worker_id="w", load_s=0.05
-                )
-                for step in (1, 2)
-            ]
-        )
-        events.append(
-            [
-                TrainBatch(
-                    run_id=run,
-                    batch_id=derived_id(run, "batch", step),
-                    step=step,
-                    metrics={"dropped_zero_signal": 2.0, "dropped_too_long": 0.0},
-                )
-                for step in (1, 2)
-            ]
-        )
-    return events
-
-
 @pytest.fixture
 def url(tmp_path: Path) -> str:
     url = f"chdb://{tmp_path / 'store'}"
-    with open_store(url) as store:
-        for n, events in enumerate([*run_events("rl", True), *run_events("ev", False)]):
-            store.insert_events(events, [(0, 1000 * n + i) for i in range(len(events))], str(n))
+    store_events(url, [*run_events("rl", True), *run_events("ev", False)])
     return url
 
 
@@ -155,6 +58,28 @@ def test_an_eval_run_gets_the_curves_its_views_have_data_for(url: str, tmp_path:
     code, output = report(url, "ev", "--out", str(out))
     assert code == 0, output
     assert {p.stem for p in out.glob("*.png")} == {"reward", "held_out", "throughput"}
+
+
+def test_what_rlbus_run_sampled_adds_memory_lag_and_incidents(tmp_path: Path) -> None:
+    """A run's health (rlbus.launch.run_health): memory by process and lag by consumer group as
+    curves, and its incidents as a table, with their times."""
+    url = f"chdb://{tmp_path / 'store'}"
+    store_events(url, [*run_events("ev", False), *health_events("ev")])
+    out = tmp_path / "ev"
+    code, output = report(url, "ev", "--out", str(out))
+    assert code == 0, output
+    assert {p.stem for p in out.glob("*.png")} == {
+        "reward",
+        "held_out",
+        "throughput",
+        "memory",
+        "lag",
+    }
+    page = (out / "report.html").read_text()
+    assert 'alt="Memory by process: resident memory (MiB)"' in page
+    incidents = page.split("<h2>Incidents")[1]
+    assert "broker-rotation" in incidents and html.escape(ROTATION) in incidents
+    assert "2023-11-14 22:14:21" in incidents  # 1.7e9 + 61 s, in UTC
 
 
 def test_an_unknown_run_is_named_with_the_runs_there_are(url: str, tmp_path: Path) -> None:

@@ -18,8 +18,10 @@ from rlbus.schemas import (
     EVENT_TYPES,
     DeadLetter,
     Event,
+    HealthSample,
     RolloutCompleted,
     RolloutScored,
+    RunIncident,
     TaskPublished,
     TokenRecord,
     TraceNode,
@@ -169,6 +171,16 @@ def one_of_each_kind() -> list[Event]:
             error="undecodable msgpack",
             raw=b"\xff\x00\x81not utf-8",
             key=b"\x00g-1",
+        ),
+        HealthSample(
+            run_id=RUN,
+            rss_mib={"sink": 412.75, "env-2": 180.5, "broker": 96.0},
+            lag={"sink": 12, f"judge.{RUN}.reverse_text": 0},
+        ),
+        RunIncident(
+            run_id=RUN,
+            incident="broker-rotation",
+            detail="rss 812 MB > 768 MB; 1,204 messages carried; paused 14.2 s",
         ),
     ]
 

@@ -7,8 +7,10 @@ import numpy as np
 from rlbus.schemas import (
     DeadLetter,
     Event,
+    HealthSample,
     RolloutCompleted,
     RolloutScored,
+    RunIncident,
     TaskPublished,
     TokenRecord,
     TraceNode,
@@ -151,6 +153,19 @@ def make_event(kind: type[Event], i: int, run_id: str = "test-run") -> Event:
                 error=f"decode: bad {i}",
                 raw=bytes(rng.integers(0, 256, 16, dtype=np.uint8)),
                 key=b"k",
+                **common,
+            )
+        case _ if kind is HealthSample:
+            return HealthSample(
+                rss_mib={"sink": 300.0 + i, "trainer": 900.5, "broker": 64.25},
+                lag={"sink": i % 7, f"judge.{run_id}.reverse_text": i % 3},
+                **common,
+            )
+        case _ if kind is RunIncident:
+            return RunIncident(
+                incident="role-exited" if i % 2 else "broker-rotation",
+                detail=f"incident {i}",
+                process="env-2" if i % 2 else "",
                 **common,
             )
     raise AssertionError(f"no factory for {kind.__name__}")

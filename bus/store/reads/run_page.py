@@ -21,6 +21,26 @@ SCORER_VERSIONS = scorer_versions_sql(RUN)
 """A run's scorer versions, the one that scored last first."""
 REWARD_CURVE = f"SELECT * FROM reward_by_step_at({AT_VERSION}) {RUN_WHERE} ORDER BY step"
 """`reward_by_step` of the run (the compare page's curves too, with version '')."""
+HEALTH_POINTS = 240
+"""The most points of one health curve: a day's samples, every 15 s, are 5,760; each point is the
+highest sample of its span of the run, so a peak is never averaged away."""
+
+
+def health_curve(column: str, key: str, value: str) -> str:
+    """One row per (`key` of the map `column`, span of the run): `minute` (the span's start,
+    in minutes since the run's first sample) and `value`, the highest in that span."""
+    return f"""
+WITH (SELECT min(ts) FROM health_samples {RUN_WHERE}) AS t0,
+     (SELECT greatest(dateDiff('millisecond', min(ts), max(ts)) / 1000 / {HEALTH_POINTS}, 1)
+      FROM health_samples {RUN_WHERE}) AS span_s
+SELECT `{key}`, round(floor(dateDiff('millisecond', t0, ts) / 1000 / span_s) * span_s / 60, 3)
+       AS minute, max(v) AS `{value}`
+FROM health_samples FINAL ARRAY JOIN mapKeys(`{column}`) AS `{key}`, mapValues(`{column}`) AS v
+{RUN_WHERE}
+GROUP BY `{key}`, minute ORDER BY `{key}`, minute
+"""
+
+
 RUN_CURVES = {
     "reward": REWARD_CURVE,
     "steps": (
@@ -47,5 +67,12 @@ RUN_CURVES = {
     "latency": f"SELECT * EXCEPT run_id FROM latency {RUN_WHERE} ORDER BY env",
     "envs": f"SELECT * EXCEPT run_id FROM env_pass_rate_at({AT_VERSION}) {RUN_WHERE} ORDER BY env",
     "versions": SCORER_VERSIONS,
+    "memory": health_curve("rss_mib", "process", "mib"),
+    "lag": health_curve("lag", "group", "messages"),
+    "incidents": (
+        "SELECT formatDateTime(ts, '%Y-%m-%d %H:%i:%S') AS `time (UTC)`, incident, process, detail "
+        f"FROM incidents FINAL {RUN_WHERE} ORDER BY ts LIMIT 1000"
+    ),
 }
-"""Every curve and table of a run's page (rlbus.ui.figures draws the curves)."""
+"""Every curve and table of a run's page (rlbus.ui.figures draws the curves); its health (memory,
+lag, incidents) is what `rlbus run` recorded of its processes (rlbus.launch.run_health)."""

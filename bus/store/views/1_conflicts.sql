@@ -45,5 +45,13 @@ FROM (
     SELECT 'dead_letters', `event_id`, any(`run_id`), uniqExact(`digest`),
         groupArray((`digest`, `kafka_partition`, `kafka_offset`, `ingested_at`)), min(`ingested_at`), max(`ingested_at`)
     FROM `dead_letters` FINAL GROUP BY `event_id`
+    UNION ALL
+    SELECT 'health_samples', `event_id`, any(`run_id`), uniqExact(`digest`),
+        groupArray((`digest`, `kafka_partition`, `kafka_offset`, `ingested_at`)), min(`ingested_at`), max(`ingested_at`)
+    FROM `health_samples` FINAL GROUP BY `event_id`
+    UNION ALL
+    SELECT 'incidents', `event_id`, any(`run_id`), uniqExact(`digest`),
+        groupArray((`digest`, `kafka_partition`, `kafka_offset`, `ingested_at`)), min(`ingested_at`), max(`ingested_at`)
+    FROM `incidents` FINAL GROUP BY `event_id`
 )
 WHERE `versions` > 1;
