@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -121,6 +122,19 @@ class EmbeddedBroker:
                 log.close()
         _wait_listening(self.host, self.port, self._proc, timeout_s)
         return self
+
+    def replace(self, carry: Callable[[str], None], timeout_s: float = 15.0) -> None:
+        """Start a fresh Tansu beside this one, let `carry(its bootstrap servers)` move what must
+        survive (bus.broker_handover), then stop this one and take the new one's port and
+        process: its memory is given back."""
+        fresh = EmbeddedBroker(self.host, log_path=self.log_path).start(timeout_s)
+        try:
+            carry(fresh.bootstrap_servers)
+        except BaseException:
+            fresh.stop()
+            raise
+        self.stop()
+        self.port, self._proc, fresh._proc = fresh.port, fresh._proc, None
 
     @property
     def pid(self) -> int | None:

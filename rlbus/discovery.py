@@ -92,6 +92,17 @@ def _withdraw(path: Path, address: str) -> None:
         path.unlink(missing_ok=True)
 
 
+def announce_moved(settings: Settings, old: str, new: str) -> None:
+    """The broker this process announced at `old` now listens at `new` (a handover)."""
+    path = data_dir(settings) / BROKER_FILE
+    try:
+        ours = path.read_text().split() == [old, str(os.getpid())]
+    except FileNotFoundError:
+        ours = False
+    if ours:
+        _announce(path, new)
+
+
 def discover_bootstrap(settings: Settings) -> str | None:
     """The configured bootstrap servers, else a live embedded broker's address from its file."""
     if settings.kafka.bootstrap_servers:

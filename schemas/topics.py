@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from rlbus.schemas.events import (
     DeadLetter,
     Event,
+    HealthSample,
     RolloutCompleted,
     RolloutScored,
+    RunIncident,
     TaskPublished,
     TokenRecord,
     TraceNode,
@@ -35,20 +37,28 @@ class Topic:
     """A message may hold several events of one key (a msgpack array): what one rollout
     produces in one publish travels as one message. Every rlbus reader of the topic takes
     arrays; per-event readers see one event at a time (Delivery.index numbers them)."""
+    read_back: bool = False
+    """A restarting role reads it back from its start, outside any group (the orchestrator its
+    run's batches and versions): a broker handover keeps what it may be asked about."""
 
 
 TOPICS: tuple[Topic, ...] = (
     Topic("tasks", "task_id", (TaskPublished,), ("env", "sink"), accepts_json=True),
-    Topic("rollouts", "group_id", (RolloutCompleted,), ("judge", "sink")),
-    Topic("trace-nodes", "rollout_id", (TraceNode,), batched=True),
+    Topic("rollouts", "group_id", (RolloutCompleted,), ("judge", "orchestrator", "sink")),
+    Topic("trace-nodes", "rollout_id", (TraceNode,), ("orchestrator", "sink"), batched=True),
     Topic("tokens", "rollout_id", (TokenRecord,), ("orchestrator", "sink"), batched=True),
     Topic("scored", "group_id", (RolloutScored,), ("orchestrator", "sink")),
-    Topic("batches", "run_id", (TrainBatch,), ("trainer", "sink")),
+    Topic("batches", "run_id", (TrainBatch,), ("trainer", "sink"), read_back=True),
     Topic(
-        "weights", "run_id", (WeightVersion, WeightLoaded), ("inference", "orchestrator", "sink")
+        "weights",
+        "run_id",
+        (WeightVersion, WeightLoaded),
+        ("inference", "orchestrator", "sink"),
+        read_back=True,
     ),
     Topic("steps", "run_id", (TrainStep,)),
     Topic("dlq", "key", (DeadLetter,)),
+    Topic("health", "run_id", (HealthSample, RunIncident)),
 )
 
 BY_NAME: dict[str, Topic] = {t.name: t for t in TOPICS}

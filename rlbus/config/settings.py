@@ -64,6 +64,13 @@ class KafkaConfig(Section):
     announce_every_s: float = Field(default=5.0, gt=0)
     """Trainers and inference workers re-publish their current weights version this often, so a
     consumer that restarts past the original (the orchestrator) learns where the run stands."""
+    embedded_max_rss_mb: int = Field(default=0, ge=0)
+    """The embedded broker's memory (RSS) past which `rlbus run` hands what is unfinished on it
+    to a fresh one and restarts its roles there (Tansu's memory storage keeps every message; a
+    Kafka or Redpanda keeps its own retention). 0: an eighth of this machine's memory."""
+    embedded_handover_every_s: float = Field(default=600.0, gt=0)
+    """The least time between two handovers: what is carried may itself pass
+    embedded_max_rss_mb, and a run that hands over more often than this does little else."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     """How every Kafka client connects: SSL (TLS), SASL_SSL (TLS + SASL login), SASL_PLAINTEXT
     (SASL login without TLS: only inside a trusted network), PLAINTEXT (the embedded broker)."""

@@ -33,6 +33,18 @@ def _stop_with_launcher() -> None:
     prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def rss_bytes(pid: int) -> int | None:
+    """A process's resident memory (VmRSS), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        return None
+    return None
+
+
 def exit_reason(role: str, code: int | None) -> str:
     """How a role's exit reads: a SIGKILL nobody sent here is most often the kernel's OOM
     killer, and a bare "-9" says nothing of that."""
@@ -57,8 +69,10 @@ class RoleProcess:
         """`env`: more environment variables for the role (its thread counts); `name`: of its
         log file (default: the role), so that each of several processes of a role has its own."""
         self.role = role
+        self.name = name or role
+        """What the run calls this process (env-2), in its log's name and its health samples."""
         self.args = list(args or [])
-        self.log_path = log_dir / f"{name or role}.log"
+        self.log_path = log_dir / f"{self.name}.log"
         log_dir.mkdir(parents=True, exist_ok=True)
         self._env = {
             **os.environ,

@@ -10,6 +10,7 @@ process of a role has died (naming it; one of several dying is reported and the 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
@@ -24,25 +25,36 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 
 from rlbus.bus import EmbeddedBroker, free_port
+from rlbus.bus.broker_handover import Handover, hand_over
 from rlbus.bus.store import open_store
 from rlbus.bus.store.reads.common import FINAL_STEP
 from rlbus.bus.waiting import wait_for
 from rlbus.clients.inference_client import healthy
 from rlbus.config import Settings, data_dir
 from rlbus.config.runs import InferenceConfig, RunConfig
-from rlbus.discovery import local_broker, reachable, store_served_elsewhere
+from rlbus.discovery import announce_moved, local_broker, reachable, store_served_elsewhere
 from rlbus.launch.broker_losses import unstored
 from rlbus.launch.dashboard import Dashboard
 from rlbus.launch.env_files import env_file
 from rlbus.launch.local_sink import LocalSink
-from rlbus.launch.processes import KILL_AFTER_S, RoleProcess, exit_reason
+from rlbus.launch.processes import KILL_AFTER_S, RoleProcess, exit_reason, rss_bytes
 from rlbus.launch.roles import ROLES
+from rlbus.launch.run_health import RunHealth, run_processes
 from rlbus.launch.run_memory import check_run_fits
+
+MB = 1024 * 1024
 
 STARTING_GRACE_S = 5.0
 """How long a role of a run still starting has to stop before it is killed: no work is in flight
 yet (a trainer still loading its model stops at once), so a stop that takes longer only keeps
 Ctrl-C waiting."""
+
+
+def embedded_limit_bytes(max_rss_mb: int) -> int:
+    """kafka.embedded_max_rss_mb in bytes; 0: an eighth of this machine's memory."""
+    if max_rss_mb:
+        return max_rss_mb * MB
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 8
 
 
 @dataclass
@@ -161,6 +173,16 @@ class LocalRun:
         """When this launch began: what the store holds from before belongs to earlier ones."""
         self.starting = False
         """`run()` has started the roles and inference does not serve yet: no task is out."""
+        self.inference_ports: list[int] = []
+        """The ports of the inference replicas started here."""
+        self.handed_over = time.monotonic()
+        """When the embedded broker was last replaced (or the run began)."""
+        self.handovers: list[tuple[Handover, float]] = []
+        """Each broker handover of this run: what it carried, and the seconds the run paused."""
+        self.health = RunHealth(
+            cfg.run_id, cfg.health, lambda: run_processes(self.processes, self.broker)
+        )
+        """Memory and lag samples, and incidents (`self.health.incident(...)`), into the store."""
 
     @property
     def acks(self) -> Path:
@@ -193,6 +215,7 @@ class LocalRun:
         """Returns the orchestrator's exit code (0: max_steps reached and evaluated). SIGTERM
         stops it as Ctrl-C does (KeyboardInterrupt, the roles stopped in order)."""
         self.started = time.time()
+        self.handed_over = time.monotonic()
         check_run_fits(self.cfg)  # NotEnoughMemory, with the estimates, before anything starts
         with terminated_as_interrupt(), local_broker(self.cfg.base()) as (base, broker):
             self.broker = broker
@@ -201,19 +224,26 @@ class LocalRun:
                 update={"kafka": base.kafka.model_copy(update={"ack_ledger": ledger})}
             )
             self.console.print(banner(base, self.run_dir / "logs"), markup=False)
+            self.health.start(base)
             try:
                 return self._run(base, timeout_s)
             finally:
                 self.stop()
+                self.health.stop()
 
     def _inference_urls(self, base: Settings) -> list[str]:
         """The configured inference servers, else the replicas started here."""
         inference = self.cfg.inference
         if inference.given():
             return inference.given()
+        if not self.inference_ports:
+            # Kept across restarts: a replica's consumer group is named after its port.
+            first = inference.port
+            self.inference_ports = [
+                first + i if first else free_port() for i in range(inference.replicas)
+            ]
         urls = []
-        for i in range(inference.replicas):
-            port = inference.port + i if inference.port else free_port()
+        for port in self.inference_ports:
             args = ["--model", str(Path(self.cfg.model).resolve()), "--port", str(port)]
             args += ["--backend", inference.backend, "--device", inference.device]
             args += ["--threads", str(inference.threads), *engine_overrides(inference)]
@@ -267,6 +297,8 @@ class LocalRun:
                     if not p.alive() and id(p) not in reported:
                         reported.add(id(p))
                         left = sum(q.alive() for q in processes)
+                        exited = f"{exit_reason(p.role, p.proc.returncode)}; {left} go on"
+                        self.health.incident("role-exited", exited, p.name)
                         self.console.print(
                             f"{exit_reason(p.role, p.proc.returncode)}; {left} of "
                             f"{len(processes)} {p.role} processes go on (log: {p.log_path})",
@@ -275,11 +307,11 @@ class LocalRun:
 
         return check
 
-    def _run(self, base: Settings, timeout_s: float) -> int:
+    def _start_serving(self, base: Settings, timeout_s: float) -> Roles:
+        """Start every role and wait until the store is served and inference answers."""
         self.starting = True
         roles = self.start_roles(base)
-        orchestrators, trainer = roles.orchestrators, roles.trainer
-        services = self._services(roles)
+        trainer, services = roles.trainer, self._services(roles)
 
         def failed_to_start() -> None:
             """While the run starts: a service gone, or a trainer that failed (refused its
@@ -298,10 +330,16 @@ class LocalRun:
             check=failed_to_start,
         )
         self.starting = False
+        return roles
+
+    def _run(self, base: Settings, timeout_s: float) -> int:
+        roles = self._start_serving(base, timeout_s)
+        services = self._services(roles)
         dashboard = self.view or Dashboard(self.cfg.run_id, base.store.url)
 
         def finished() -> RoleProcess | None:
             """The orchestrator that ended the run (done, or the last one's failure)."""
+            orchestrators = roles.orchestrators
             done = [o for o in orchestrators if o.proc.poll() == 0]
             if done:
                 return done[0]
@@ -310,9 +348,13 @@ class LocalRun:
         with Live(dashboard.refresh(), console=self.console, refresh_per_second=2) as live:
             while (ended := finished()) is None:
                 self._check_broker(base.kafka.bootstrap_servers or "")
+                if self._broker_full(base):
+                    base, roles = self._hand_over(base, timeout_s)
+                    services = self._services(roles)
+                    continue
                 services()
-                if not trainer.alive() and trainer.proc.returncode != 0:
-                    trainer.check()
+                if not roles.trainer.alive() and roles.trainer.proc.returncode != 0:
+                    roles.trainer.check()
                 time.sleep(1.0)
                 if time.monotonic() - dashboard.refreshed > 3:  # its queries cost the sink CPU too
                     live.update(dashboard.refresh())
@@ -326,6 +368,68 @@ class LocalRun:
         if ended.proc.returncode != 0:
             ended.check()
         return ended.proc.returncode
+
+    def _broker_full(self, base: Settings) -> bool:
+        """The embedded broker this run started holds more than kafka.embedded_max_rss_mb, and
+        the last handover (or the start) is kafka.embedded_handover_every_s behind."""
+        kafka = base.kafka
+        if self.broker is None or self.broker.pid is None:
+            return False
+        if time.monotonic() - self.handed_over < kafka.embedded_handover_every_s:
+            return False
+        rss = rss_bytes(self.broker.pid) or 0
+        return rss > embedded_limit_bytes(kafka.embedded_max_rss_mb)
+
+    def _hand_over(self, base: Settings, timeout_s: float) -> tuple[Settings, Roles]:
+        """Give the embedded broker's memory back: every role stopped cleanly (each commits what
+        it handled; the trainer saves its state), what is unfinished carried to a fresh broker
+        (bus.broker_handover), every role started again on it, resuming. Nothing is lost or
+        done twice; the pause is the roles' stop and start."""
+        assert self.broker is not None and self.broker.pid is not None
+        began = time.monotonic()
+        rss = rss_bytes(self.broker.pid) or 0
+        self.console.print(
+            f"the embedded broker holds {rss / MB:,.0f} MB (kafka.embedded_max_rss_mb: "
+            f"{embedded_limit_bytes(base.kafka.embedded_max_rss_mb) / MB:,.0f} MB): stopping the "
+            "roles to hand what is unfinished to a fresh broker",
+            markup=False,
+        )
+        self.health.hold()  # a client of the old broker too: nothing may be published meanwhile
+        self.stop()
+        self.processes = []
+        old = base.kafka.bootstrap_servers or ""
+        carried = Handover()
+
+        def carry(address: str) -> None:
+            nonlocal carried
+            carried = asyncio.run(
+                hand_over(base.kafka, base.kafka.model_copy(update={"bootstrap_servers": address}))
+            )
+
+        self.broker.replace(carry)
+        new = self.broker.bootstrap_servers
+        announce_moved(base, old, new)
+        self.started = time.time()  # what the new broker acknowledges is counted anew
+        kafka = base.kafka.model_copy(
+            update={"bootstrap_servers": new, "ack_ledger": str(self.acks)}
+        )
+        base = base.model_copy(update={"kafka": kafka})
+        self.health.move(base)  # held since the roles stopped: publishes on the new broker
+        from rlbus.consumers.trainer.checkpoint import CheckpointStore  # torch: the train extra
+
+        self.resume = CheckpointStore(self.cfg.checkpoint_url()).exists()
+        roles = self._start_serving(base, timeout_s)
+        self.handed_over = time.monotonic()
+        paused = self.handed_over - began
+        self.handovers.append((carried, paused))
+        said = (
+            f"{carried.carried:,} unfinished messages carried "
+            f"({carried.carried_bytes / MB:,.1f} MB), {carried.left:,} left behind, "
+            f"{carried.groups} consumer groups moved; the run paused {paused:.1f} s"
+        )
+        self.health.incident("broker-rotation", f"at {rss / MB:,.0f} MB: {said}")
+        self.console.print(f"broker handed over: {said}", markup=False)
+        return base, roles
 
     def stop(self, grace_s: float = KILL_AFTER_S) -> None:
         """Stop the roles in their order (ROLES' stop_rank, the processes of one rank together),

@@ -68,6 +68,10 @@ def run_args(tmp: Path, model: Path) -> list[str]:
     ]
 
 
-def rlbus_run(tmp: Path, model: Path, *extra: str) -> subprocess.CompletedProcess:
+def rlbus_run(
+    tmp: Path, model: Path, *extra: str, timeout_s: float = 240
+) -> subprocess.CompletedProcess:
     args = [*run_args(tmp, model), *extra]
-    return subprocess.run(args, capture_output=True, text=True, timeout=240, cwd=tmp, check=False)
+    return subprocess.run(
+        args, capture_output=True, text=True, timeout=timeout_s, cwd=tmp, check=False
+    )
