@@ -103,7 +103,9 @@ class Lag:
         }
         # Ends after commits: a commit read later than an end could pass it.
         ends = await self.ends(every)
-        starts = await self.reader.beginning_offsets(every)
+        starts = {
+            tp: start or 0 for tp, start in (await self.reader.beginning_offsets(every)).items()
+        }
         out: dict[str, int] = {}
         for group, offsets in committed.items():
             # The group's topics are those it committed in; a partition of them with no commit
