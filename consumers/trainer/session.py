@@ -60,7 +60,7 @@ class WrongBaseModel(RuntimeError):
     """A state resumed onto frozen weights other than those it was trained with."""
 
 
-def check_base(trained: dict[str, str] | None, loaded: dict[str, str], url: str) -> None:
+def check_same_base(trained: dict[str, str] | None, loaded: dict[str, str], url: str) -> None:
     """`trained`: the state's record of its frozen weights, None in a state saved before the
     record was kept (such a state holds every weight)."""
     if trained is not None and trained["digest"] != loaded["digest"]:
@@ -144,7 +144,7 @@ def open_session(
     state = TrainerState()
     if resume:
         state, saved = checkpoints.load()
-        check_base(saved.get("frozen"), frozen, checkpoints.url)
+        check_same_base(saved.get("frozen"), frozen, checkpoints.url)
         set_state_dict(
             model,
             trainer.optimizer,

@@ -48,6 +48,9 @@ STARTING_GRACE_S = 5.0
 """How long a role of a run still starting has to stop before it is killed: no work is in flight
 yet (a trainer still loading its model stops at once), so a stop that takes longer only keeps
 Ctrl-C waiting."""
+STARTING_STOP_S = 8.0
+"""The longest a run still starting takes to stop, sinks included (CI, with every core busy,
+once saw roles still there 10 s after Ctrl-C)."""
 
 
 def embedded_limit_bytes(max_rss_mb: int) -> int:
@@ -436,20 +439,24 @@ class LocalRun:
         each rank given `grace_s` to exit before what is left of it is killed, process trees
         whole. While the run is still starting (inference not serving yet: no task is out, no
         role has work another must see through), every role but the sinks is stopped at once and
-        given STARTING_GRACE_S, then the sinks. Another Ctrl-C or SIGTERM meanwhile kills every
-        role left at once."""
+        given STARTING_GRACE_S, then the sinks, the whole stop within STARTING_STOP_S. Another
+        Ctrl-C or SIGTERM meanwhile kills every role left at once."""
 
         def stage(p: RoleProcess) -> int:
             return -1 if self.starting and p.role != "sink" else ROLES[p.role].stop_rank
 
         order = sorted(self.processes, key=stage)
+        began = time.monotonic()
         try:
-            for rank, same in itertools.groupby(order, key=stage):
+            for _, same in itertools.groupby(order, key=stage):
                 group = list(same)
                 for p in group:
                     p.terminate()
-                wait_s = grace_s if rank >= 0 else min(grace_s, STARTING_GRACE_S)
-                deadline = time.monotonic() + wait_s
+                if self.starting:
+                    left = began + STARTING_STOP_S - time.monotonic()
+                    deadline = time.monotonic() + min(grace_s, STARTING_GRACE_S, left)
+                else:
+                    deadline = time.monotonic() + grace_s
                 for p in group:
                     p.wait_or_kill(deadline - time.monotonic())
         except KeyboardInterrupt:

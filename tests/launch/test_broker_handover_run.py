@@ -14,7 +14,7 @@ from support.runs import rlbus_run
 from rlbus.bus.store import open_store
 from rlbus.consumers.inference.model_init import init_model
 
-STEPS = 16
+STEPS = 10
 HANDED_OVER = re.compile(
     r"broker handed over: ([\d,]+) unfinished messages carried .*?, ([\d,]+) left behind, "
     r"(\d+)\s+consumer groups moved",
@@ -36,7 +36,7 @@ def test_a_run_whose_broker_is_handed_over_mid_run_trains_every_step_once(
         "--kafka.embedded-max-rss-mb",
         "1",
         "--kafka.embedded-handover-every-s",
-        "3",
+        "2",
         timeout_s=420,
     )
     out = done.stdout

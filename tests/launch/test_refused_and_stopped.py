@@ -143,6 +143,14 @@ def said(log: Path, text: str) -> bool:
     return log.exists() and text in log.read_text()
 
 
+def command(pid: int) -> str:
+    """A process's command line, for a failure to name which role it is."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[-120:]
+    except OSError:
+        return "gone"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_a_loading_rlbus_run_stops_with_every_role_within_10_s(
