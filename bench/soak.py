@@ -10,16 +10,24 @@ role a process on the embedded broker, sampled every minute for what grows.
    claim store's and the checkpoints' bytes, every consumer group's lag (end offsets minus
    committed offsets), and rollouts stored per run (rollouts/s between samples).
 
+4. when Tansu holds more than --broker-max-mb (kafka.embedded_max_rss_mb; checked at each
+   sample, at most once a minute), the broker is handed over as `rlbus run` does it (every role
+   stopped, the unfinished messages carried to a fresh broker, every role resumed; the eval run
+   stopped and started around it): its RSS is then a sawtooth under the limit, and each
+   handover's pause is listed. A role's RSS series goes on across its restarts.
+
 After --warmup-minutes each series' least-squares slope is printed. The samples are written
 as they come to <workdir>/soak.jsonl and the roles' logs to <workdir>/.../logs, so a run left
 unattended keeps what it measured even if a role dies (the soak then stops, naming it).
 
     python bench/soak.py [--minutes 60] [--sample-s 60] [--warmup-minutes M] [--workdir DIR]
+                         [--broker-max-mb MB]
 
 Last line: RESULT rss_growth_mb_per_h=<max over the roles> store_bytes_per_rollout=<slope of
 store bytes over rollouts stored> lag_growth=<messages per hour, all groups>, then which role
-that RSS slope is, the embedded broker's own RSS slope (it keeps every message in memory), and
-rollouts/s.
+that RSS slope is, the embedded broker's own RSS slope and its highest RSS, the handovers and
+their longest pause, and rollouts/s. (Messages on the bus, and the tally by topic, count the
+current broker's only.)
 """
 
 from __future__ import annotations
@@ -33,7 +41,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -44,6 +51,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from rlbus.bus import Bus
+from rlbus.bus.broker_handover import Handover
 from rlbus.bus.connection import client_options
 from rlbus.bus.lag import Lag
 from rlbus.bus.store import open_store
@@ -191,37 +199,54 @@ async def topic_tally(settings: Settings) -> Tally:
     return tally
 
 
-async def eval_stream(settings: Settings, per_s: float, stop: asyncio.Event) -> None:
-    """Tasks for the eval run, at a steady rate, until `stop`."""
-    async with Bus.of(settings) as bus:
-        n = 0
-        while not stop.is_set():
-            task = TaskPublished(
-                task_id=f"e{n}", env="reverse_text", prompt=f"Reverse: soak{n:07d}", run_id=EVAL
-            )
-            await bus.publish(task)
-            n += 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1 / per_s)
+class EvalRun:
+    """The eval run beside the RL run: its env producer and judge against a scripted model
+    server, and its task stream; stopped before a broker handover (they are its clients too)
+    and started again on the new broker."""
 
+    def __init__(self, logs: Path, per_s: float):
+        self.logs = logs
+        self.per_s = per_s
+        self.published = 0
+        """Tasks published so far, over every broker: task ids go on from there."""
+        self.server, self.url = serve_in_child(SERVE)
+        self.roles: dict[str, RoleProcess] = {}
+        self.stopping = asyncio.Event()
+        self.stream: asyncio.Task[None] | None = None
 
-@contextlib.contextmanager
-def eval_roles(settings: Settings, logs: Path) -> Iterator[dict[str, RoleProcess]]:
-    """The eval run's env producer and judge, against a scripted model server."""
-    server, url = serve_in_child(SERVE)
-    eval_settings = settings.model_copy(update={"run_id": EVAL})
-    env_args = [str(EXAMPLE), "--model", "scripted", "--base-url", url]
-    roles = {
-        "eval env": RoleProcess("env", eval_settings, logs / "eval", env_args),
-        "eval judge": RoleProcess("judge", eval_settings, logs / "eval", [str(EXAMPLE)]),
-    }
-    try:
-        yield roles
-    finally:
-        for role in roles.values():
-            role.stop()
-        server.terminate()
-        server.wait(10)
+    def start(self, settings: Settings) -> None:
+        eval_settings = settings.model_copy(update={"run_id": EVAL})
+        env_args = [str(EXAMPLE), "--model", "scripted", "--base-url", self.url]
+        self.roles = {
+            "eval env": RoleProcess("env", eval_settings, self.logs / "eval", env_args),
+            "eval judge": RoleProcess("judge", eval_settings, self.logs / "eval", [str(EXAMPLE)]),
+        }
+        self.stopping = asyncio.Event()
+        self.stream = asyncio.create_task(self._tasks(eval_settings, self.stopping))
+
+    async def _tasks(self, settings: Settings, stop: asyncio.Event) -> None:
+        """Tasks for the eval run, at a steady rate, until `stop`."""
+        async with Bus.of(settings) as bus:
+            while not stop.is_set():
+                n = self.published
+                task = TaskPublished(
+                    task_id=f"e{n}", env="reverse_text", prompt=f"Reverse: soak{n:07d}", run_id=EVAL
+                )
+                await bus.publish(task)
+                self.published += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1 / self.per_s)
+
+    async def stop(self) -> None:
+        self.stopping.set()
+        if self.stream is not None:
+            await self.stream
+        for role in self.roles.values():
+            await asyncio.to_thread(role.stop)
+
+    def close(self) -> None:
+        self.server.terminate()
+        self.server.wait(10)
 
 
 def sample(
@@ -268,7 +293,12 @@ def value_of(s: Sample, value: str, key: str | None = None) -> float | None:
     return float(sum(figure.values())) if isinstance(figure, dict) else float(figure)
 
 
-def report(samples: list[Sample], warmup_minutes: float, stopped_by: str) -> None:
+def report(
+    samples: list[Sample],
+    warmup_minutes: float,
+    stopped_by: str,
+    handovers: list[tuple[float, Handover, float]],
+) -> None:
     """Each series after the warm-up: first, last, the slope over all those samples and over
     their second half (a step, such as a thread pool growing once, flattens there; growth
     without bound does not)."""
@@ -328,6 +358,9 @@ def report(samples: list[Sample], warmup_minutes: float, stopped_by: str) -> Non
         f"store_bytes_per_rollout={per_rollout:.0f} "
         f"lag_growth={per_hour(after, 'lag'):.0f} worst_role={worst.replace(' ', '_')} "
         f"broker_rss_growth_mb_per_h={rss.get('tansu', 0.0):.1f} "
+        f"broker_rss_max_mb={max((s.rss_mb.get('tansu', 0.0) for s in after), default=0.0):.0f} "
+        f"handovers={len(handovers)} "
+        f"handover_pause_max_s={max((p for _, _, p in handovers), default=0.0):.1f} "
         f"rollouts_per_s={rollouts_per_h / 3600:.1f}"
     )
 
@@ -368,44 +401,51 @@ def run_config(workdir: Path, model: Path) -> tuple[Path, list[str]]:
 
 
 async def watch(
-    args: argparse.Namespace,
-    watched: dict[str, RoleProcess],
-    pids: dict[str, int],
-    settings: Settings,
-    workdir: Path,
-) -> tuple[list[Sample], str, Tally]:
+    args: argparse.Namespace, run: LocalRun, settings: Settings, workdir: Path
+) -> tuple[list[Sample], str, Tally, list[tuple[float, Handover, float]]]:
     """Feed the eval stream and sample every --sample-s until --minutes pass or a process
-    dies; every sample is appended to <workdir>/soak.jsonl as it is taken. Then tally what
-    the topics hold, by run."""
-    stop = asyncio.Event()
-    eval_settings = settings.model_copy(update={"run_id": EVAL})
-    streaming = asyncio.create_task(eval_stream(eval_settings, args.eval_tasks_per_s, stop))
+    dies; every sample is appended to <workdir>/soak.jsonl as it is taken. When the embedded
+    broker holds more than kafka.embedded_max_rss_mb, hand it over as `rlbus run` does (the
+    eval run stopped around it). Then tally what the last broker's topics hold, by run."""
+    evals = EvalRun(run.run_dir / "logs", args.eval_tasks_per_s)
+    evals.start(settings)
     samples: list[Sample] = []
+    handovers: list[tuple[float, Handover, float]] = []
     stopped_by = f"{args.minutes:g} minutes passed"
     started = time.monotonic()
     try:
-        async with Lag(settings.kafka) as lag:
-            with Progress(console=console) as progress, (workdir / "soak.jsonl").open("a") as out:
-                bar = progress.add_task("soak", total=args.minutes * 60)
-                while (elapsed := time.monotonic() - started) < args.minutes * 60:
-                    dead = [name for name, p in watched.items() if not p.alive()]
-                    if dead or streaming.done():
-                        stopped_by = f"{', '.join(dead) or 'the eval stream'} stopped"
-                        break
+        with Progress(console=console) as progress, (workdir / "soak.jsonl").open("a") as out:
+            bar = progress.add_task("soak", total=args.minutes * 60)
+            while (elapsed := time.monotonic() - started) < args.minutes * 60:
+                watched = {**numbered(run.processes), **evals.roles}
+                dead = [name for name, p in watched.items() if not p.alive()]
+                if dead or (evals.stream is not None and evals.stream.done()):
+                    stopped_by = f"{', '.join(dead) or 'the eval stream'} stopped"
+                    break
+                if run.broker_full(settings):
+                    await evals.stop()
+                    settings, _ = await asyncio.to_thread(run.replace_broker, settings, 600)
+                    evals.start(settings)
+                    handovers.append((elapsed / 60, *run.handovers[-1]))
+                    continue
+                pids = {name: p.proc.pid for name, p in watched.items()}
+                if run.broker is not None and run.broker.pid is not None:
+                    pids["tansu"] = run.broker.pid
+                async with Lag(settings.kafka) as lag:
                     lags = await lag.groups()
                     s = await asyncio.to_thread(sample, elapsed / 60, pids, settings, workdir, lags)
                     s.events = await lag.events()
-                    samples.append(s)
-                    out.write(json.dumps(asdict(s)) + "\n")
-                    out.flush()
-                    stored = sum(s.rollouts.values())
-                    progress.update(bar, completed=elapsed, description=f"{stored} rollouts")
-                    next_at = started + len(samples) * args.sample_s
-                    await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+                samples.append(s)
+                out.write(json.dumps(asdict(s)) + "\n")
+                out.flush()
+                stored = sum(s.rollouts.values())
+                progress.update(bar, completed=elapsed, description=f"{stored} rollouts")
+                next_at = started + len(samples) * args.sample_s
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
     finally:
-        stop.set()
-        await streaming
-    return samples, stopped_by, await topic_tally(settings)
+        await evals.stop()
+        evals.close()
+    return samples, stopped_by, await topic_tally(settings), handovers
 
 
 def soak(args: argparse.Namespace, workdir: Path) -> None:
@@ -413,23 +453,39 @@ def soak(args: argparse.Namespace, workdir: Path) -> None:
     if not model.exists():
         init_model(model, seed=0)
     config, overrides = run_config(workdir, model)
+    overrides += ["--kafka.embedded-max-rss-mb", str(args.broker_max_mb)]
+    overrides += ["--kafka.embedded-handover-every-s", "60"]
     cfg = load_run_config(config, overrides)
     run = LocalRun(cfg, config, overrides, resume=False, console=console)
     logs = run.run_dir / "logs"
     with local_broker(cfg.base()) as (base, broker):
+        run.broker = broker
+        run.handed_over = time.monotonic()
         try:
             run.start_roles(base)
-            with eval_roles(base, logs) as evals:
-                watched = {**numbered(run.processes), **evals}
-                pids = {name: p.proc.pid for name, p in watched.items()}
-                if broker is not None and broker.pid is not None:
-                    pids["tansu"] = broker.pid
-                samples, stopped_by, tally = asyncio.run(watch(args, watched, pids, base, workdir))
+            samples, stopped_by, tally, handovers = asyncio.run(watch(args, run, base, workdir))
         finally:
             run.stop()
     console.print(f"role logs: {logs}; samples: {workdir / 'soak.jsonl'}")
     per_rollout(tally)
-    report(samples, args.warmup_minutes, stopped_by)
+    handover_table(handovers)
+    report(samples, args.warmup_minutes, stopped_by, handovers)
+
+
+def handover_table(handovers: list[tuple[float, Handover, float]]) -> None:
+    table = Table(title=f"broker handovers: {len(handovers)}")
+    for col in ("minute", "carried", "carried MB", "left behind", "groups", "pause s"):
+        table.add_column(col, justify="right")
+    for minute, done, paused in handovers:
+        table.add_row(
+            f"{minute:.1f}",
+            f"{done.carried:,}",
+            f"{done.carried_bytes / 1e6:.2f}",
+            f"{done.left:,}",
+            str(done.groups),
+            f"{paused:.1f}",
+        )
+    console.print(table)
 
 
 def per_rollout(tally: Tally) -> None:
@@ -475,6 +531,12 @@ def main() -> None:
         "--warmup-minutes", type=float, default=None, help="default: a fifth of --minutes, >= 2"
     )
     parser.add_argument("--eval-tasks-per-s", type=float, default=1.0)
+    parser.add_argument(
+        "--broker-max-mb",
+        type=int,
+        default=0,
+        help="kafka.embedded_max_rss_mb (0: an eighth of this machine's memory)",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary one")
     args = parser.parse_args()
     if args.warmup_minutes is None:

@@ -351,8 +351,8 @@ class LocalRun:
         with Live(dashboard.refresh(), console=self.console, refresh_per_second=2) as live:
             while (ended := finished()) is None:
                 self._check_broker(base.kafka.bootstrap_servers or "")
-                if self._broker_full(base):
-                    base, roles = self._hand_over(base, timeout_s)
+                if self.broker_full(base):
+                    base, roles = self.replace_broker(base, timeout_s)
                     services = self._services(roles)
                     continue
                 services()
@@ -372,7 +372,7 @@ class LocalRun:
             ended.check()
         return ended.proc.returncode
 
-    def _broker_full(self, base: Settings) -> bool:
+    def broker_full(self, base: Settings) -> bool:
         """The embedded broker this run started holds more than kafka.embedded_max_rss_mb, and
         the last handover (or the start) is kafka.embedded_handover_every_s behind."""
         kafka = base.kafka
@@ -383,7 +383,7 @@ class LocalRun:
         rss = rss_bytes(self.broker.pid) or 0
         return rss > embedded_limit_bytes(kafka.embedded_max_rss_mb)
 
-    def _hand_over(self, base: Settings, timeout_s: float) -> tuple[Settings, Roles]:
+    def replace_broker(self, base: Settings, timeout_s: float) -> tuple[Settings, Roles]:
         """Give the embedded broker's memory back: every role stopped cleanly (each commits what
         it handled; the trainer saves its state), what is unfinished carried to a fresh broker
         (bus.broker_handover), every role started again on it, resuming. Nothing is lost or

@@ -160,10 +160,38 @@ def action_format(schema: dict[str, Any]) -> str:
     )
 
 
+SERVER_TRIES = 3
+"""Starts of the server, each on a port of its own, before its exit is the worker's error."""
+
+
+class ServerExited(RuntimeError):
+    """The OpenEnv server exited before it served."""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process `pid` holds the socket listening on loopback `port` (Linux /proc): a
+    /health answer on a port taken meanwhile by another process's server is not ours."""
+    try:
+        sockets = {
+            link[len("socket:[") : -1]
+            for fd in os.listdir(f"/proc/{pid}/fd")
+            if (link := os.readlink(f"/proc/{pid}/fd/{fd}")).startswith("socket:[")
+        }
+        with open("/proc/net/tcp") as table:
+            rows = [line.split() for line in table.readlines()[1:]]
+    except OSError:  # gone, or not Linux: the health check alone decides
+        return not sys.platform.startswith("linux")
+    # local address (hex ip:port), state 0A = LISTEN, inode
+    return any(
+        int(row[1].rsplit(":", 1)[1], 16) == port and row[3] == "0A" and row[9] in sockets
+        for row in rows
+    )
 
 
 def _die_with_parent() -> Callable[[], None] | None:
@@ -249,6 +277,31 @@ class Adapter:
     # -- the server ------------------------------------------------------------------------
 
     async def describe(self) -> dict[str, Any]:
+        for attempt in range(1, SERVER_TRIES + 1):
+            self._start_server()
+            try:
+                _session_class()  # imports openenv-core while the server does the same
+                await self._until_healthy()
+                self.schema = self._get("/schema")["action"]
+                break
+            except ServerExited:
+                # Its port was free when chosen; another process may have bound it since.
+                await self._stop_server()
+                if attempt == SERVER_TRIES:
+                    raise
+                self.port = _free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+            except BaseException:
+                await self._stop_server()  # the host does not call aclose when loading fails
+                raise
+        version = metadata.version("openenv-core")
+        return {
+            "mode": "steps",
+            "framework": f"openenv-core {version}",
+            "server": {"url": self.url, "pid": self.server.pid, "app": self.app},
+        }
+
+    def _start_server(self) -> None:
         module, _, attr = self.app.partition(":")
         argv = [sys.executable, "-m", "uvicorn", f"{module}:{attr or 'app'}"]
         argv += ["--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
@@ -257,19 +310,6 @@ class Adapter:
         self.server = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent()
         )
-        try:
-            _session_class()  # imports openenv-core while the server does the same
-            await self._until_healthy()
-            self.schema = self._get("/schema")["action"]
-        except BaseException:
-            await self._stop_server()  # the host does not call aclose when loading fails
-            raise
-        version = metadata.version("openenv-core")
-        return {
-            "mode": "steps",
-            "framework": f"openenv-core {version}",
-            "server": {"url": self.url, "pid": self.server.pid, "app": self.app},
-        }
 
     def _get(self, path: str, timeout: float = 10.0) -> Any:
         with _DIRECT.open(f"{self.url}{path}", timeout=timeout) as response:
@@ -282,12 +322,13 @@ class Adapter:
         while True:
             code = self.server.poll()
             if code is not None:
-                raise RuntimeError(
+                raise ServerExited(
                     f"the OpenEnv server ({self.app}) exited with code {code} before it served "
                     f"(its output is in the worker's stderr)"
                 )
             try:
-                if self._get("/health", timeout=1.0).get("status") == "healthy":
+                healthy = self._get("/health", timeout=1.0).get("status") == "healthy"
+                if healthy and _listens(self.server.pid, self.port):
                     return
             except (OSError, ValueError):
                 pass
