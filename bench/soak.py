@@ -299,16 +299,17 @@ def report(
     stopped_by: str,
     handovers: list[tuple[float, Handover, float]],
 ) -> None:
-    """Each series after the warm-up: first, last, the slope over all those samples and over
-    their second half (a step, such as a thread pool growing once, flattens there; growth
-    without bound does not)."""
-    after = [s for s in samples if s.minute >= warmup_minutes]
+    """Each series over the longest stretch without a handover, after its warm-up: first,
+    last, the slope over all those samples and over their second half (a step, such as a
+    thread pool growing once, flattens there; growth without bound does not)."""
+    after = longest_stretch(samples, warmup_minutes, [m for m, _, _ in handovers])
     if len(after) < 2:
         console.print(f"[red]only {len(after)} samples after the warm-up: no slopes[/red]")
         after = samples
     late = after[len(after) // 2 :]
     first, last = after[0], after[-1]
-    table = Table(title=f"after {warmup_minutes:g} min of warm-up: {len(after)} samples")
+    title = f"minutes {first.minute:.0f}-{last.minute:.0f}: {len(after)} samples"
+    table = Table(title=f"{title} (the longest stretch without a handover, after its warm-up)")
     for col in ("series", "first", "last", "per hour", "per hour, 2nd half"):
         table.add_column(col, justify="right" if col != "series" else "left")
 
@@ -358,11 +359,25 @@ def report(
         f"store_bytes_per_rollout={per_rollout:.0f} "
         f"lag_growth={per_hour(after, 'lag'):.0f} worst_role={worst.replace(' ', '_')} "
         f"broker_rss_growth_mb_per_h={rss.get('tansu', 0.0):.1f} "
-        f"broker_rss_max_mb={max((s.rss_mb.get('tansu', 0.0) for s in after), default=0.0):.0f} "
+        f"broker_rss_max_mb={max((s.rss_mb.get('tansu', 0.0) for s in samples), default=0):.0f} "
         f"handovers={len(handovers)} "
         f"handover_pause_max_s={max((p for _, _, p in handovers), default=0.0):.1f} "
         f"rollouts_per_s={rollouts_per_h / 3600:.1f}"
     )
+
+
+def longest_stretch(
+    samples: list[Sample], warmup_minutes: float, handed_over: list[float]
+) -> list[Sample]:
+    """The longest run of samples with no handover among them, each taken `warmup_minutes` or
+    more after the start or the handover before it (a handover restarts every role)."""
+    starts = [0.0, *handed_over]
+    ends = [*handed_over, float("inf")]
+    stretches = [
+        [s for s in samples if start + warmup_minutes <= s.minute < end]
+        for start, end in zip(starts, ends, strict=True)
+    ]
+    return max(stretches, key=len)
 
 
 def cpu_table(after: list[Sample]) -> None:
