@@ -31,6 +31,19 @@ STDERR_TAIL = 40
 """Lines of a worker's stderr kept for the error that reports its death."""
 
 
+def _running(process: subprocess.Popen[bytes]) -> bool:
+    """Whether the worker still runs. poll() answers None while another thread waits on the
+    process (the reader thread, as it exits), so then the process table decides: a zombie or
+    a reaped process has exited (CI once got a killed worker's description back)."""
+    if process.poll() is not None:
+        return False
+    try:
+        stat = Path(f"/proc/{process.pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 class HostedWorkerError(RuntimeError):
     """A request a hosted environment's worker could not answer; the message names the
     environment and what failed."""
@@ -71,7 +84,7 @@ class HostedWorker:
     def start(self) -> dict[str, Any]:
         """Start the worker (if it is not running) and return what its adapter described."""
         with self._starting:
-            if self._process is not None and self._process.poll() is None:
+            if self._process is not None and _running(self._process):
                 return self.described
             self._start()
             return self.described

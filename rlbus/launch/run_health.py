@@ -132,13 +132,18 @@ class RunHealth:
         self._settings = settings
         self._nudge()
 
-    def stop(self) -> None:
-        """Publish what is pending, close the bus (its acknowledgements go into the run's ack
-        ledger, as every role's do) and end the thread, within STOP_S."""
+    def wind_down(self) -> None:
+        """Begin stop(): publish what is pending and close the bus meanwhile (while the run's
+        roles stop), so that stop() itself waits little."""
         self._stopping.set()
         self._nudge()
+
+    def stop(self, timeout_s: float = STOP_S) -> None:
+        """Publish what is pending, close the bus (its acknowledgements go into the run's ack
+        ledger, as every role's do) and end the thread, within `timeout_s`."""
+        self.wind_down()
         if self._thread is not None:
-            self._thread.join(STOP_S)
+            self._thread.join(timeout_s)
             self._thread = None
 
     def _nudge(self) -> None:

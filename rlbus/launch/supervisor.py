@@ -48,6 +48,8 @@ STARTING_GRACE_S = 5.0
 """How long a role of a run still starting has to stop before it is killed: no work is in flight
 yet (a trainer still loading its model stops at once), so a stop that takes longer only keeps
 Ctrl-C waiting."""
+HEALTH_STOP_S = 1.0
+"""How long the run's health thread is waited for once every role has stopped."""
 STARTING_STOP_S = 8.0
 """The longest a run still starting takes to stop, sinks included (CI, with every core busy,
 once saw roles still there 10 s after Ctrl-C)."""
@@ -231,8 +233,11 @@ class LocalRun:
             try:
                 return self._run(base, timeout_s)
             finally:
+                # A stopped run exits within 10 s of Ctrl-C, roles and all: the health thread
+                # winds down while the roles stop, and what it has not sent by then is dropped.
+                self.health.wind_down()
                 self.stop()
-                self.health.stop()
+                self.health.stop(HEALTH_STOP_S)
 
     def _inference_urls(self, base: Settings) -> list[str]:
         """The configured inference servers, else the replicas started here."""

@@ -366,6 +366,28 @@ def test_the_server_ends_with_its_worker_closed_or_killed(
     assert _gone(host) and _gone(server)
 
 
+def test_a_killed_worker_passes_for_dead_while_its_reader_thread_waits_on_it(
+    guess_venv: Path, players: Players
+) -> None:
+    """Popen.poll() answers None while another thread holds the process's waitpid lock (the
+    reader thread reaping a worker that just died): start() must not take that for running
+    and hand back the dead worker's description (CI once got its dead server's pid)."""
+    env = load_environment("openenv:guess_env", overrides(players))
+    worker = env.taskset.worker
+    first = worker.start()
+    process = worker._process
+    assert process is not None
+    try:
+        with process._waitpid_lock:  # as the reader thread holds it while it reaps
+            os.kill(process.pid, signal.SIGKILL)
+            assert _gone(process.pid)  # a zombie nobody can reap yet
+            again = worker.start()
+        assert worker.pid != process.pid
+        assert again["server"]["pid"] != first["server"]["pid"] and alive(again["server"]["pid"])
+    finally:
+        worker.close()
+
+
 CAPACITY_ONE = """
 from openenv.core.env_server.http_server import create_app
 from guess_env.models import GuessAction, GuessObservation
