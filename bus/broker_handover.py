@@ -244,22 +244,22 @@ async def _sink(kafka: KafkaConfig) -> AsyncIterator[Send]:
         await producer.stop()
 
 
+async def commit_offsets(
+    kafka: KafkaConfig, group: str, offsets: dict[TopicPartition, int]
+) -> None:
+    """Commit `offsets` for `group` (its name on the broker) without joining it."""
+    consumer = AIOKafkaConsumer(**client_options(kafka), group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign(list(offsets))
+        await consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()})
+    finally:
+        await consumer.stop()
+
+
 async def _commit(kafka: KafkaConfig, committed: dict[str, Offsets], lows: Offsets) -> None:
     """Each group's commits, in the new offsets: what it had taken of the carried tail."""
     for group, offsets in committed.items():
-        moved = {
-            tp: OffsetAndMetadata(max(0, offset - lows[tp]), "")
-            for tp, offset in offsets.items()
-            if tp in lows
-        }
-        if not moved:
-            continue
-        consumer = AIOKafkaConsumer(
-            **client_options(kafka), group_id=group, enable_auto_commit=False
-        )
-        await consumer.start()
-        try:
-            consumer.assign(list(moved))
-            await consumer.commit(moved)
-        finally:
-            await consumer.stop()
+        moved = {tp: max(0, offset - lows[tp]) for tp, offset in offsets.items() if tp in lows}
+        if moved:
+            await commit_offsets(kafka, group, moved)

@@ -12,10 +12,9 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.structs import OffsetAndMetadata
 
 from rlbus.bus.broker import EmbeddedBroker
-from rlbus.bus.broker_handover import hand_over
+from rlbus.bus.broker_handover import commit_offsets, hand_over
 from rlbus.bus.connection import client_options
 from rlbus.bus.progress import PartitionProgress, encode_progress
 from rlbus.config import KafkaConfig
@@ -55,15 +54,7 @@ async def publish(kafka: KafkaConfig, messages: list[tuple[TopicPartition, bytes
 
 
 async def commit(kafka: KafkaConfig, group: str, offsets: dict[TopicPartition, int]) -> None:
-    consumer = AIOKafkaConsumer(
-        **client_options(kafka), group_id=PREFIX + group, enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        consumer.assign(list(offsets))
-        await consumer.commit({p: OffsetAndMetadata(o, "") for p, o in offsets.items()})
-    finally:
-        await consumer.stop()
+    await commit_offsets(kafka, PREFIX + group, offsets)
 
 
 async def read_as(

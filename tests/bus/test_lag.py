@@ -3,27 +3,17 @@ group, over the partitions it commits in; groups that committed nothing are not 
 
 from __future__ import annotations
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.structs import OffsetAndMetadata
+from aiokafka import TopicPartition
 from support.sinks import publish
 
-from rlbus.bus.connection import client_options
+from rlbus.bus.broker_handover import commit_offsets
 from rlbus.bus.lag import Lag
 from rlbus.config import Settings
 from rlbus.schemas import TrainStep
 
 
 async def commit(settings: Settings, group: str, offsets: dict[TopicPartition, int]) -> None:
-    kafka = settings.kafka
-    consumer = AIOKafkaConsumer(
-        **client_options(kafka), group_id=kafka.topic_prefix + group, enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        consumer.assign(list(offsets))
-        await consumer.commit({p: OffsetAndMetadata(o, "") for p, o in offsets.items()})
-    finally:
-        await consumer.stop()
+    await commit_offsets(settings.kafka, settings.kafka.topic_prefix + group, offsets)
 
 
 async def test_lag_is_what_each_group_has_not_committed(settings: Settings) -> None:
