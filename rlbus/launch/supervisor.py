@@ -44,15 +44,17 @@ from rlbus.launch.run_memory import check_run_fits
 
 MB = 1024 * 1024
 
-STARTING_GRACE_S = 5.0
+STARTING_GRACE_S = 4.0
 """How long a role of a run still starting has to stop before it is killed: no work is in flight
 yet (a trainer still loading its model stops at once), so a stop that takes longer only keeps
 Ctrl-C waiting."""
 HEALTH_STOP_S = 1.0
 """How long the run's health thread is waited for once every role has stopped."""
-STARTING_STOP_S = 8.0
-"""The longest a run still starting takes to stop, sinks included (CI, with every core busy,
-once saw roles still there 10 s after Ctrl-C)."""
+STARTING_STOP_S = 6.0
+"""The longest the roles of a run still starting take to stop, sinks included. Ctrl-C must see
+the launcher gone within 10 s: after the roles come the health thread (HEALTH_STOP_S), the
+broker and the interpreter's own exit, which took over 2 s under CI's load (unloaded, the roles
+stop in 3.9 s, env and judge the last, and the launcher exits 0.8 s after)."""
 
 
 def embedded_limit_bytes(max_rss_mb: int) -> int:

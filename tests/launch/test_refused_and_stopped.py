@@ -194,17 +194,26 @@ def test_a_loading_rlbus_run_stops_with_every_role_within_10_s(
             os.killpg(proc.pid, signal.SIGINT)
         else:
             proc.send_signal(signal.SIGTERM)
-        while proc.poll() is None or any(alive(pid) for pid in roles):
+        roles_gone: float | None = None
+        while proc.poll() is None or roles_gone is None:
+            if roles_gone is None and not any(alive(pid) for pid in roles):
+                roles_gone = time.monotonic() - signalled
             if time.monotonic() - signalled > STOPPED_WITHIN_S:
                 left = [pid for pid in roles if alive(pid)]
-                pytest.fail(f"{left} of {roles} still running {STOPPED_WITHIN_S}s after {how}")
+                launcher = "still running" if proc.poll() is None else "gone"
+                os.killpg(proc.pid, signal.SIGKILL)
+                pytest.fail(
+                    f"{left} of {roles} still running {STOPPED_WITHIN_S}s after {how} (the roles "
+                    f"gone after {roles_gone}s, the launcher {launcher}): "
+                    f"{proc.communicate()[0][-3000:]}"
+                )
             time.sleep(0.05)
         seconds = time.monotonic() - signalled
         out = proc.communicate()[0]
         assert proc.returncode == 130 and "continue with --resume" in out, out[-3000:]
         trainer = (logs / "trainer.log").read_text()
         assert "trainer stopped while loading" in trainer, trainer[-3000:]
-        print(f"{how}: the run and its {len(roles)} processes gone {seconds:.1f}s after it")
+        print(f"{how}: the run and its {len(roles)} processes gone {seconds:.1f}s after it (the roles after {roles_gone:.1f}s)")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
