@@ -213,7 +213,10 @@ def test_a_loading_rlbus_run_stops_with_every_role_within_10_s(
         assert proc.returncode == 130 and "continue with --resume" in out, out[-3000:]
         trainer = (logs / "trainer.log").read_text()
         assert "trainer stopped while loading" in trainer, trainer[-3000:]
-        print(f"{how}: the run and its {len(roles)} processes gone {seconds:.1f}s after it (the roles after {roles_gone:.1f}s)")
+        print(
+            f"{how}: the run and its {len(roles)} processes gone {seconds:.1f}s after it "
+            f"(the roles after {roles_gone:.1f}s)"
+        )
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
