@@ -9,6 +9,7 @@ import re
 import subprocess
 import tomllib
 import xml.etree.ElementTree as ET
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -16,6 +17,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from rlbus.bus.store.client import Rows
 from rlbus.cli import app
 from rlbus.config import load_settings
 
@@ -203,27 +205,57 @@ def test_grafana_provisions_the_clickhouse_source_and_the_dashboard() -> None:
     assert variable_source["query"] == source["type"]
 
 
-def test_grafana_panels_query_the_real_schema(tmp_path: Path) -> None:
-    """Every panel's SQL runs against a migrated store holding one event of each kind, through
-    the read-only guard (Grafana's user is read-only too)."""
+def grafana_dashboard() -> dict:
     import json
 
+    return json.loads((DEPLOY / "grafana" / "rlbus.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def panel_rows(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Rows]:
+    """What each panel's SQL (and the run variable's) returns from a migrated store holding one
+    event of each kind, through the read-only guard (Grafana's user is read-only too)."""
     from support.factories import make_event
 
     from rlbus.bus.store import open_store
     from rlbus.schemas import EVENT_TYPES
 
-    dashboard = json.loads((DEPLOY / "grafana" / "rlbus.json").read_text())
-    queries = [t["rawSql"] for p in dashboard["panels"] for t in p["targets"]]
-    queries.append(next(v for v in dashboard["templating"]["list"] if v["name"] == "run")["query"])
-    url = f"chdb://{tmp_path / 'store'}"
+    dashboard = grafana_dashboard()
+    queries = {p["title"]: t["rawSql"] for p in dashboard["panels"] for t in p["targets"]}
+    run = next(v for v in dashboard["templating"]["list"] if v["name"] == "run")
+    queries["variable run"] = run["query"]
+    url = f"chdb://{tmp_path_factory.mktemp('grafana') / 'store'}"
     with open_store(url) as store:
         for i, kind in enumerate(EVENT_TYPES):
             store.insert_events([make_event(kind, 1, run_id="r1")], [(0, i)], f"t{i}")
     with open_store(url, read_only=True) as reader:
-        for sql in queries:
-            rows = reader.query(sql.replace("${run}", "r1")).rows
-            assert rows, f"no rows from: {sql}"
+        return {title: reader.query(sql.replace("${run}", "r1")) for title, sql in queries.items()}
+
+
+def test_grafana_panels_query_the_real_schema(panel_rows: dict[str, Rows]) -> None:
+    for title, rows in panel_rows.items():
+        assert rows.rows, f"no rows for {title!r}"
+
+
+def test_grafana_charts_have_their_x_axis_and_say_their_units(
+    panel_rows: dict[str, Rows],
+) -> None:
+    """A time series panel plots against a time column (Grafana shows "Data does not have a time
+    field" otherwise); a curve over steps or versions is a trend panel whose x field its query
+    returns, ascending. Every chart names the unit of its y axis and labels it."""
+    charts = [p for p in grafana_dashboard()["panels"] if p["type"] in ("timeseries", "trend")]
+    assert {p["type"] for p in charts} == {"timeseries", "trend"}
+    for panel in charts:
+        title, rows = panel["title"], panel_rows[panel["title"]]
+        if panel["type"] == "timeseries":
+            assert isinstance(rows.rows[0][0], datetime), f"{title!r}: no time column first"
+        else:
+            x = panel["options"]["xField"]
+            assert x in rows.columns, f"{title!r}: x field {x!r} not in {rows.columns}"
+            xs = [row[rows.columns.index(x)] for row in rows.rows]
+            assert all(isinstance(v, int | float) for v in xs) and xs == sorted(xs), title
+        defaults = panel["fieldConfig"]["defaults"]
+        assert defaults.get("unit") and defaults["custom"].get("axisLabel"), title
 
 
 # -- many of each: replicas, the partitions that allow them, state every replica reaches -----
