@@ -9,12 +9,21 @@ with an admin client and an unassigned reader. `rlbus run` samples it for the st
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from rlbus.bus.connection import client_options
 from rlbus.config import KafkaConfig
+
+
+class Behind(NamedTuple):
+    """A group on one topic: the offsets it committed (summed over partitions) and the messages
+    after them."""
+
+    committed: int
+    messages: int
 
 
 class Lag:
@@ -87,11 +96,15 @@ class Lag:
                 }
         return committed
 
-    async def groups(self, wanted: Callable[[str], bool] | None = None) -> dict[str, int]:
-        """Messages behind by group (named without the prefix), for each group that has
-        committed anything (of those `wanted` says yes to, by name; default: all)."""
+    async def by_topic(
+        self, wanted: Callable[[str], bool] | None = None, every_topic: bool = False
+    ) -> dict[str, dict[str, Behind]]:
+        """For each group that has committed anything (of those `wanted` says yes to, by its name
+        without the prefix; default: all), on each topic it committed in: what it committed and
+        how many messages it is behind. Groups are named without the prefix, topics with it;
+        `every_topic`: on every topic of the broker, not rlbus's alone."""
         prefix = self.kafka.topic_prefix
-        every = await self.partitions()
+        every = await self.partitions(every_topic)
 
         def ours(group: str) -> bool:
             name = group.removeprefix(prefix)
@@ -106,12 +119,21 @@ class Lag:
         starts = {
             tp: start or 0 for tp, start in (await self.reader.beginning_offsets(every)).items()
         }
-        out: dict[str, int] = {}
+        out: dict[str, dict[str, Behind]] = {}
         for group, offsets in committed.items():
-            # The group's topics are those it committed in; a partition of them with no commit
-            # yet is behind by all it holds.
-            mine = {tp.topic for tp in offsets}
-            behind = [ends[tp] - offsets.get(tp, starts[tp]) for tp in every if tp.topic in mine]
-            if behind:
-                out[group] = sum(behind)
+            # A partition of a topic the group committed in, with no commit yet, is behind by
+            # all it holds.
+            for topic in sorted({tp.topic for tp in offsets}):
+                held = [tp for tp in every if tp.topic == topic]
+                done = sum(offsets[tp] for tp in held if tp in offsets)
+                behind = sum(ends[tp] - offsets.get(tp, starts[tp]) for tp in held)
+                out.setdefault(group, {})[topic] = Behind(done, behind)
         return out
+
+    async def groups(self, wanted: Callable[[str], bool] | None = None) -> dict[str, int]:
+        """Messages behind by group (named without the prefix), for each group that has
+        committed anything (of those `wanted` says yes to, by name; default: all)."""
+        return {
+            group: sum(b.messages for b in topics.values())
+            for group, topics in (await self.by_topic(wanted)).items()
+        }

@@ -7,16 +7,13 @@ import signal
 import threading
 
 import typer
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from rich.table import Table
 
-from rlbus.bus.connection import client_options
+from rlbus.bus.lag import Lag
 from rlbus.commands.common import OVERRIDES, OVERRIDES_HELP, ConfigOption, fail, settings_from
 from rlbus.config import Settings
 from rlbus.console import console
 from rlbus.discovery import announced_broker, local_broker, require_bootstrap
-from rlbus.schemas import TOPICS
 
 
 def broker(ctx: typer.Context, config: ConfigOption = None) -> None:
@@ -52,53 +49,29 @@ def broker(ctx: typer.Context, config: ConfigOption = None) -> None:
 
 async def _describe(settings: Settings) -> tuple[Table, Table]:
     bootstrap = settings.kafka.bootstrap_servers
-    admin = AIOKafkaAdminClient(**client_options(settings.kafka))
-    consumer = AIOKafkaConsumer(**client_options(settings.kafka))
-    await admin.start()
-    await consumer.start()
-    try:
-        names = sorted(t for t in await consumer.topics() if not t.startswith("__"))
-        partitions = {t: sorted(consumer.partitions_for_topic(t) or ()) for t in names}
-        tps = [TopicPartition(t, p) for t, ps in partitions.items() for p in ps]
-        ends = await consumer.end_offsets(tps) if tps else {}
-        topics = Table(title=f"topics on {bootstrap}")
-        for col in ("topic", "partitions", "messages (end offsets)"):
-            topics.add_column(col, justify="right" if col != "topic" else "left")
-        for t in names:
-            topics.add_row(
-                t,
-                str(len(partitions[t])),
-                f"{sum(ends.get(TopicPartition(t, p), 0) for p in partitions[t]):,}",
-            )
-        groups = Table(title="consumer groups of rlbus roles")
-        for col in ("group", "topic", "committed", "lag"):
-            groups.add_column(col, justify="right" if col in ("committed", "lag") else "left")
-        prefix = settings.kafka.topic_prefix
-        listed = sorted(g for g, _ in await admin.list_consumer_groups() if g.startswith(prefix))
-        ours = [
-            TopicPartition(prefix + t.name, p)
-            for t in TOPICS
-            for p in partitions.get(prefix + t.name, ())
-        ]
-        for group in listed:
-            # Explicit partitions: the embedded broker drops the connection on an
-            # all-partitions OffsetFetch.
-            offsets = await admin.list_consumer_group_offsets(group, partitions=ours)
-            by_topic: dict[str, dict[TopicPartition, int]] = {}
-            for tp, meta in offsets.items():
-                if meta.offset >= 0:
-                    by_topic.setdefault(tp.topic, {})[tp] = meta.offset
-            for name, committed in sorted(by_topic.items()):
-                # Clamped: Tansu 0.6 reports a batch-produced partition's end offset as its
-                # last batch's base offset + 1, below what consumers have committed.
-                tps = [TopicPartition(name, p) for p in partitions[name]]
-                lag = sum(max(0, ends.get(tp, 0) - committed.get(tp, 0)) for tp in tps)
-                topic = name[len(prefix) :]
-                groups.add_row(group, topic, f"{sum(committed.values()):,}", f"{lag:,}")
-        return topics, groups
-    finally:
-        await consumer.stop()
-        await admin.close()
+    async with Lag(settings.kafka) as lag:
+        every = await lag.partitions(every_topic=True)
+        ends = await lag.ends(every)
+        behind = await lag.by_topic(every_topic=True)
+    partitions: dict[str, int] = {}
+    messages: dict[str, int] = {}
+    for tp in every:
+        partitions[tp.topic] = partitions.get(tp.topic, 0) + 1
+        messages[tp.topic] = messages.get(tp.topic, 0) + ends[tp]
+    topics = Table(title=f"topics on {bootstrap}")
+    for col in ("topic", "partitions", "messages (end offsets)"):
+        topics.add_column(col, justify="right" if col != "topic" else "left")
+    for name in sorted(partitions):
+        topics.add_row(name, str(partitions[name]), f"{messages[name]:,}")
+    groups = Table(title="consumer groups of rlbus roles")
+    for col in ("group", "topic", "committed", "lag"):
+        groups.add_column(col, justify="right" if col in ("committed", "lag") else "left")
+    prefix = settings.kafka.topic_prefix
+    for group, by_topic in sorted(behind.items()):
+        for topic, (committed, messages_behind) in by_topic.items():
+            name = topic.removeprefix(prefix)
+            groups.add_row(prefix + group, name, f"{committed:,}", f"{messages_behind:,}")
+    return topics, groups
 
 
 def topics(ctx: typer.Context, config: ConfigOption = None) -> None:
