@@ -48,6 +48,7 @@ class InferenceRole:
         worker_id: str | None = None,
         url: str | None = None,
         vllm: VLLMConfig | None = None,
+        frozen: bool = False,
     ):
         self.settings = settings
         self.model_path = model_path
@@ -57,15 +58,20 @@ class InferenceRole:
         self.worker_id = worker_id or default_worker_id(port)
         self.url = url or advertised_url(host, port)
         self.vllm = vllm
+        self.frozen = frozen
 
     def groups(self) -> list[str]:
-        return [weights_group(self.settings.run_id, self.worker_id)]
+        return [] if self.frozen else [weights_group(self.settings.run_id, self.worker_id)]
 
     def describe(self) -> str:
+        following = (
+            "its weights as loaded (frozen)"
+            if self.frozen
+            else f"following weights of run {self.settings.run_id!r}"
+        )
         return (
             f"inference {Path(self.model_path).name} ({self.backend} on {self.device}) at "
-            f"http://{self.host}:{self.port}/v1, following weights of run "
-            f"{self.settings.run_id!r}"
+            f"http://{self.host}:{self.port}/v1, {following}"
         )
 
     async def run(self, stop: asyncio.Event) -> RoleSummary:
@@ -90,6 +96,14 @@ class InferenceRole:
             return RoleSummary(self.name, "inference stopped while loading", finished=False)
         engine, app = loaded
         await serve_following_weights(
-            self.settings, engine, app, self.host, self.port, stop, self.worker_id, self.url
+            self.settings,
+            engine,
+            app,
+            self.host,
+            self.port,
+            stop,
+            self.worker_id,
+            self.url,
+            follow=not self.frozen,
         )
         return RoleSummary(self.name, f"inference on {self.host}:{self.port} stopped")

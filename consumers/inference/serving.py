@@ -118,10 +118,12 @@ async def serve_following_weights(
     stop: asyncio.Event,
     worker_id: str | None = None,
     url: str | None = None,
+    follow: bool = True,
 ) -> None:
     """Serve `app` on host:port and follow weights until `stop` is set. Requests are answered
     503 until the run's newest announced weights are loaded. `url`: the /v1 URL announced with
-    every WeightLoaded (default: advertised_url(host, port))."""
+    every WeightLoaded (default: advertised_url(host, port)). `follow` False: serve the weights
+    as loaded, with no bus (a distillation teacher: no run's versions are its own)."""
     gate = Gate(app, settings.run_id)
     server = uvicorn.Server(uvicorn.Config(gate, host=host, port=port, log_level="warning"))
     serving = asyncio.create_task(server.serve())
@@ -139,6 +141,10 @@ async def serve_following_weights(
         backend, worker_id or default_worker_id(port), url or advertised_url(host, port)
     )
     try:
+        if not follow:
+            gate.open = True
+            await stop.wait()
+            return
         async with Bus.of(settings) as bus:
             await catch_up(bus, follower, settings.run_id)
             gate.open = True

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlbus.bus import Bus
-from rlbus.clients.inference_client import InferenceClient
 from rlbus.clients.replicas import Roster
 from rlbus.config.runs import RunConfig
 from rlbus.consumers.orchestrator.algorithms import Context, make_algorithm
@@ -16,12 +15,11 @@ from rlbus.consumers.orchestrator.join import Joiner
 from rlbus.consumers.orchestrator.orchestration import Orchestrator
 from rlbus.consumers.orchestrator.pacing import pacing_for
 from rlbus.consumers.orchestrator.task_draw import TaskSource, WeightedEnvironment
+from rlbus.consumers.orchestrator.teachers import PatientTeacher, teacher_urls
 from rlbus.environment import Environment, load_environment
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-NEEDS_TEACHER = {"opd", "self-distill"}
 
 
 def load_envs(cfg: RunConfig, base_dir: Path) -> dict[str, Environment]:
@@ -46,18 +44,11 @@ def build_orchestrator(bus: Bus, cfg: RunConfig, base_dir: Path) -> Orchestrator
         return tokenizer().encode(text, add_special_tokens=False)
 
     algorithms = {}
+    urls = teacher_urls(cfg)
     for name, entry in cfg.envs.items():
-        algo = entry.algorithm
-        teacher = None
-        if algo.name in NEEDS_TEACHER:
-            url = algo.teacher_url or (cfg.inference.url if algo.name == "self-distill" else "")
-            if not url:
-                raise ValueError(
-                    f"envs.{name}: algorithm {algo.name!r} needs algorithm.teacher_url"
-                )
-            teacher = InferenceClient(url)
+        teacher = PatientTeacher(urls[name]) if name in urls else None
         ctx = Context(teacher=teacher, encode=encode)
-        algorithms[name] = make_algorithm(algo, ctx)
+        algorithms[name] = make_algorithm(entry.algorithm, ctx)
     o = cfg.orchestrator
     tasks = TaskSource(
         [WeightedEnvironment(envs[n], e.weight) for n, e in cfg.envs.items()],

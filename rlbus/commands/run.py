@@ -20,6 +20,7 @@ from rlbus.config import ConfigError
 from rlbus.config.runs import load_run_config
 from rlbus.console import console
 from rlbus.launch.supervisor import BrokerLost, LocalRun
+from rlbus.launch.teachers import TeacherError
 
 ConfigArgument = Annotated[
     Path, typer.Argument(metavar="CONFIG", help="Run config (TOML).", exists=True, dir_okay=False)
@@ -62,6 +63,8 @@ def run_command(ctx: typer.Context, config: ConfigArgument, resume: ResumeOption
             f"{cfg.store.url}. Continue with: rlbus run {config} --resume",
             1,
         ) from exc
+    except TeacherError as exc:
+        raise fail(exc) from None
     except (RuntimeError, TimeoutError) as exc:
         raise fail(exc) from exc
     done = f"run {cfg.run_id} finished at step {cfg.max_steps}"

@@ -146,6 +146,13 @@ def inference(
             "0.0.0.0)."
         ),
     ] = None,
+    frozen: Annotated[
+        bool,
+        typer.Option(
+            help="Serve the model as loaded and follow no run's weights (a distillation "
+            'teacher; `rlbus run` starts one for each `teacher = "run:RUN_ID@VERSION"`).'
+        ),
+    ] = False,
     config: ConfigOption = None,
 ) -> None:
     """Serve a model (OpenAI chat completions, token-in/token-out generate, score) and load
@@ -165,7 +172,16 @@ def inference(
         options = {"host": host, "port": port, "backend": backend, "device": device}
         vllm = settings.inference.vllm
         with exits_on(NotEnoughMemory):
-            run_role("inference", settings, model, **options, threads=threads, url=url, vllm=vllm)
+            run_role(
+                "inference",
+                settings,
+                model,
+                **options,
+                threads=threads,
+                url=url,
+                vllm=vllm,
+                frozen=frozen,
+            )
 
 
 def in_engine_environment(configured_python: str) -> None:

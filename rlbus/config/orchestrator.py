@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from rlbus.config.base import Section
+from rlbus.config.version_ref import VersionRef
 
 
 class AlgorithmConfig(Section):
@@ -24,6 +25,30 @@ class AlgorithmConfig(Section):
     teacher_url: str = ""
     """opd: /v1 URL of the teacher's inference server (POST /v1/score); self-distill: empty means
     the policy's."""
+    teacher: str = ""
+    """opd: the teacher as a weight version of a past run, run:RUN_ID@VERSION (or @latest), found
+    in this run's store: `rlbus run` writes it out (onto teacher_base) and serves it itself, and
+    refuses to start when it cannot. Instead of teacher_url, not with it."""
+    teacher_base: str = ""
+    """The model directory the teacher's run started from (its `model`; the store does not record
+    it). Empty: this run's model."""
+
+    @field_validator("teacher")
+    @classmethod
+    def _teacher_names_a_version(cls, teacher: str) -> str:
+        if teacher:
+            VersionRef.parse(teacher)  # VersionRefError (a ValueError) says how to write one
+        return teacher
+
+    @model_validator(mode="after")
+    def _one_teacher(self) -> AlgorithmConfig:
+        if self.teacher and self.teacher_url:
+            raise ValueError(
+                f"teacher = {self.teacher!r} and teacher_url = {self.teacher_url!r}: give one "
+                "(teacher: a stored version rlbus serves; teacher_url: a server of your own)"
+            )
+        return self
+
     hint: str = "Hint: the answer is {answer}\n"
     """self-distill: text put before the teacher's context ({answer} is the task's answer)."""
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from rlbus.bus.store import Store, open_store
 from rlbus.bus.store.reads.model_export import RUN_VERSIONS, RUNS_WITH_VERSIONS
 from rlbus.config.secret import SecretUrl
+from rlbus.config.version_ref import VersionRef, VersionRefError
 from rlbus.consumers.inference.model_import import Dtype, staged_dir
 from rlbus.schemas.weights_file import FORMATS, WeightsKind
 
@@ -35,8 +36,6 @@ if TYPE_CHECKING:
 
     from rlbus.consumers.inference.checkpoint_reader import Checkpoint
 
-LATEST = "latest"
-REF_FORM = "run:RUN_ID@VERSION (VERSION a number or latest)"
 WEIGHT_FILES = (
     "*.safetensors",
     "*.safetensors.index.json",
@@ -53,32 +52,6 @@ WRITTEN = ("config.json", "generation_config.json")
 
 class ModelExportError(Exception):
     """A version that cannot be exported as asked; the message says what is wrong."""
-
-
-@dataclass(frozen=True)
-class VersionRef:
-    """What `run:RUN_ID@VERSION` names."""
-
-    run_id: str
-    version: int | None
-    """None: the newest stored."""
-
-    @classmethod
-    def parse(cls, text: str) -> VersionRef:
-        scheme, _, rest = text.partition(":")
-        run_id, at, version = rest.rpartition("@")
-        if scheme != "run" or not at or not run_id:
-            raise ModelExportError(f"{text!r} names no stored version; write {REF_FORM}")
-        if version == LATEST:
-            return cls(run_id, None)
-        if not version.isdigit():
-            raise ModelExportError(
-                f"{text!r}: version {version!r} is neither a number nor {LATEST}; write {REF_FORM}"
-            )
-        return cls(run_id, int(version))
-
-    def __str__(self) -> str:
-        return f"run:{self.run_id}@{LATEST if self.version is None else self.version}"
 
 
 @dataclass(frozen=True)
@@ -270,7 +243,10 @@ def export_version(
     import torch
 
     start = time.monotonic()
-    ref = VersionRef.parse(ref) if isinstance(ref, str) else ref
+    try:
+        ref = VersionRef.parse(ref) if isinstance(ref, str) else ref
+    except VersionRefError as exc:
+        raise ModelExportError(str(exc)) from None
     out = Path(out).expanduser()
     base = check_base(base)
     check_out(out, force)

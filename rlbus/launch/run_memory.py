@@ -46,19 +46,27 @@ def check_run_fits(cfg: RunConfig, available: int | None = None) -> None:
         if not trainer.lora.enabled:
             together.append("set trainer.lora.enabled = true")
     inference = cfg.inference
-    if not inference.given() and inference.device == "cpu":
+    replicas = 0 if inference.given() else inference.replicas
+    # A stored-version teacher is served here, by the run, even when the policy is not.
+    algorithms = [e.algorithm for e in cfg.envs.values()]
+    teachers = len({(a.teacher, a.teacher_base) for a in algorithms if a.teacher})
+    serving = None
+    if (replicas or teachers) and inference.device == "cpu":
         serving = serving_estimate(size, inference.backend, "cpu", inference.vllm, free)
-        if serving is not None:
-            replicas = inference.replicas
-            need += replicas * serving.total
-            each = " each" if replicas > 1 else ""
-            plural = "s" if replicas > 1 else ""
-            parts.append(f"{replicas} inference replica{plural} {serving.describe()}{each}")
-            if serving.total > free:
-                alone.append(f"for inference, {serving.hint}")
-            if replicas > 1:
-                together.append("start fewer inference.replicas")
+    if serving is not None:
+        for count, what in ((replicas, "inference replica"), (teachers, "teacher server")):
+            if count:
+                need += count * serving.total
+                each = " each" if count > 1 else ""
+                parts.append(f"{count} {what}{'s' if count > 1 else ''} {serving.describe()}{each}")
+        if serving.total > free:
+            alone.append(f"for inference, {serving.hint}")
+        if replicas > 1:
+            together.append("start fewer inference.replicas")
+        if replicas:
             together.append("serve from another machine (inference.url)")
+        if teachers:
+            together.append("serve the teachers yourself (algorithm.teacher_url)")
     if need <= free:
         log.info("this run's memory estimate: %s; %s available", " + ".join(parts), gb(free))
         return

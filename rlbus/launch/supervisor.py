@@ -41,9 +41,13 @@ from rlbus.launch.processes import KILL_AFTER_S, RoleProcess, exit_reason, rss_b
 from rlbus.launch.roles import ROLES
 from rlbus.launch.run_health import RunHealth, run_processes
 from rlbus.launch.run_memory import check_run_fits
+from rlbus.launch.teachers import Teacher, prepare_teachers
 
 MB = 1024 * 1024
 
+TEACHER_RESTARTS = 3
+"""How often a stored-version teacher's server is started again after it died, before the run
+ends with its log (one that cannot stay up would otherwise be restarted forever)."""
 STARTING_GRACE_S = 4.0
 """How long a role of a run still starting has to stop before it is killed: no work is in flight
 yet (a trainer still loading its model stops at once), so a stop that takes longer only keeps
@@ -182,6 +186,11 @@ class LocalRun:
         """`run()` has started the roles and inference does not serve yet: no task is out."""
         self.inference_ports: list[int] = []
         """The ports of the inference replicas started here."""
+        self.teachers: list[Teacher] = []
+        """The stored-version teachers this run serves (prepare_teachers, before any role)."""
+        self.teacher_ports: dict[str, int] = {}
+        self.teacher_processes: list[RoleProcess] = []
+        self.teacher_restarts: dict[str, int] = {}
         self.handed_over = time.monotonic()
         """When the embedded broker was last replaced (or the run began)."""
         self.handovers: list[tuple[Handover, float]] = []
@@ -207,13 +216,14 @@ class LocalRun:
         if gone:
             raise BrokerLost(f"the broker at {address} is gone")
 
-    def _start(self, role: str, settings: Settings, args: list[str]) -> RoleProcess:
+    def _start(self, role: str, settings: Settings, args: list[str], name: str = "") -> RoleProcess:
+        """`name`: of its log and its memory curve (default: the role's, numbered after the
+        first: env.log, env-2.log...)."""
         inference = self.cfg.inference
         cpus = os.cpu_count() or 1
         env = thread_env(role_threads(role, inference.threads, cpus, inference.replicas))
-        # env.log, then env-2.log...: each process of a role its own log.
         same = sum(p.role == role for p in self.processes)
-        name = f"{role}-{same + 1}" if same else role
+        name = name or (f"{role}-{same + 1}" if same else role)
         process = RoleProcess(role, settings, self.run_dir / "logs", args, env, name)
         self.processes.append(process)
         return process
@@ -224,6 +234,12 @@ class LocalRun:
         self.started = time.time()
         self.handed_over = time.monotonic()
         check_run_fits(self.cfg)  # NotEnoughMemory, with the estimates, before anything starts
+        # TeacherError, naming the environment and the teacher, before anything starts.
+        self.teachers = prepare_teachers(self.cfg, self.config_path.parent, self.run_dir)
+        for teacher in self.teachers:
+            envs = ", ".join(teacher.envs)
+            said = f"teacher of {envs}: {teacher.ref} ({teacher.model_dir})"
+            self.console.print(said, markup=False)
         with terminated_as_interrupt(), local_broker(self.cfg.base()) as (base, broker):
             self.broker = broker
             ledger = str(self.acks)
@@ -254,12 +270,47 @@ class LocalRun:
             ]
         urls = []
         for port in self.inference_ports:
-            args = ["--model", str(Path(self.cfg.model).resolve()), "--port", str(port)]
-            args += ["--backend", inference.backend, "--device", inference.device]
-            args += ["--threads", str(inference.threads), *engine_overrides(inference)]
-            self._start("inference", base, args)
+            self._start("inference", base, self._serving(Path(self.cfg.model).resolve(), port))
             urls.append(f"http://127.0.0.1:{port}/v1")
         return urls
+
+    def _serving(self, model: Path, port: int) -> list[str]:
+        """`rlbus worker inference`'s arguments to serve `model` on `port` as configured."""
+        inference = self.cfg.inference
+        args = ["--model", str(model), "--port", str(port)]
+        args += ["--backend", inference.backend, "--device", inference.device]
+        return [*args, "--threads", str(inference.threads), *engine_overrides(inference)]
+
+    def _start_teachers(self, base: Settings) -> list[str]:
+        """Serve each stored-version teacher, frozen; the orchestrator's overrides that point
+        its environments at them (a port is kept across restarts)."""
+        overrides: list[str] = []
+        self.teacher_processes = []
+        for teacher in self.teachers:
+            port = self.teacher_ports.setdefault(teacher.name, free_port())
+            serving = [*self._serving(teacher.model_dir, port), "--frozen"]
+            self.teacher_processes.append(
+                self._start("inference", base, serving, name=teacher.name)
+            )
+            for env in teacher.envs:
+                overrides += [f"--envs.{env}.algorithm.teacher="]
+                overrides += [f"--envs.{env}.algorithm.teacher-url", f"http://127.0.0.1:{port}/v1"]
+        return overrides
+
+    def _revive_teachers(self) -> None:
+        """Start a teacher's server that died again, on its port: it holds no state (its
+        version is on disk), and the orchestrator waits for a teacher that does not answer.
+        Past TEACHER_RESTARTS deaths the run ends with its log."""
+        for p in self.teacher_processes:
+            if p.alive():
+                continue
+            restarts = self.teacher_restarts[p.name] = self.teacher_restarts.get(p.name, 0) + 1
+            if restarts > TEACHER_RESTARTS:
+                p.check()  # raises, with its log tail
+            said = f"{exit_reason(p.role, p.proc.returncode)}; started again ({restarts})"
+            self.health.incident("role-restarted", said, p.name)
+            self.console.print(f"teacher {p.name}: {said} (log: {p.log_path})", markup=False)
+            p.restart()
 
     def start_roles(self, base: Settings) -> Roles:
         """Start every role of the run on `base`'s broker and store."""
@@ -274,7 +325,7 @@ class LocalRun:
         urls = self._inference_urls(base)
         trainer = self._start("trainer", base, run_args)
         # The policy's server for self-distillation's teacher: any replica serves the policy.
-        orchestrator_args = [*run_args, "--inference.url", urls[0]]
+        orchestrator_args = [*run_args, "--inference.url", urls[0], *self._start_teachers(base)]
         orchestrators = [
             self._start("orchestrator", base, orchestrator_args)
             for _ in range(1 + self.cfg.orchestrator.standbys)
@@ -291,12 +342,14 @@ class LocalRun:
 
     def _services(self, roles: Roles) -> Callable[[], None]:
         """A check that fails when every process of a role that runs until stopped (all but the
-        orchestrators and the trainer, which may end at max_steps) has exited, and reports once
-        each one of several that died while others go on."""
+        orchestrators and the trainer, which may end at max_steps, and the teachers, which are
+        started again) has exited, and reports once each one of several that died while others
+        go on."""
         reported: set[int] = set()
         by_role: dict[str, list[RoleProcess]] = {}
+        others = [roles.trainer, *roles.orchestrators, *self.teacher_processes]  # _revive_teachers
         for p in self.processes:
-            if p is not roles.trainer and p not in roles.orchestrators:
+            if not any(p is q for q in others):
                 by_role.setdefault(p.role, []).append(p)
 
         def check() -> None:
@@ -363,6 +416,7 @@ class LocalRun:
                     services = self._services(roles)
                     continue
                 services()
+                self._revive_teachers()
                 if not roles.trainer.alive() and roles.trainer.proc.returncode != 0:
                     roles.trainer.check()
                 time.sleep(1.0)

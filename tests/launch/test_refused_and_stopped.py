@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from support.model_configs import LLAMA_7B
 from support.pids import alive
-from support.runs import EXAMPLE, run_args
+from support.runs import EXAMPLE, run_args, said
 
 from rlbus.bus import free_port
 from rlbus.bus.waiting import wait_for
@@ -137,10 +137,6 @@ def test_worker_inference_refuses_a_model_that_cannot_fit_before_loading(
     said = refused("rlbus worker inference", code, seconds, inference.log_path.read_text())
     assert "inference would need ~" in said and "KV cache" in said
     print(f"rlbus worker inference refused in {seconds:.1f}s")
-
-
-def said(log: Path, text: str) -> bool:
-    return log.exists() and text in log.read_text()
 
 
 def command(pid: int) -> str:

@@ -68,6 +68,11 @@ def run_args(tmp: Path, model: Path) -> list[str]:
     ]
 
 
+def said(log: Path, text: str) -> bool:
+    """Whether a role's log has said `text` yet."""
+    return log.exists() and text in log.read_text(errors="replace")
+
+
 def rlbus_run(
     tmp: Path, model: Path, *extra: str, timeout_s: float = 240
 ) -> subprocess.CompletedProcess:

@@ -14,7 +14,8 @@ import pytest
 import torch
 from support.model_configs import LLAMA_7B
 
-from rlbus.config.runs import RunConfig
+from rlbus.config.orchestrator import AlgorithmConfig, EnvEntry
+from rlbus.config.runs import InferenceConfig, RunConfig
 from rlbus.config.trainer import LoraConfig, TrainerConfig
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.inference.sizing import check_serving_fits as check_serving
@@ -170,3 +171,17 @@ def test_smollm2_fits_and_a_7b_llama_is_refused_with_its_estimate(
     # Each fits alone, not both: what to lower for the pair.
     with pytest.raises(NotEnoughMemory, match="together they do not fit: lower trainer.micro"):
         check_run_fits(run, available=7 * GB)
+    # Stored-version teachers are served here too, one server each (two environments naming one
+    # version share it), even when the policy is served elsewhere.
+    teachers = {
+        name: EnvEntry(path="p", algorithm=AlgorithmConfig(name="opd", teacher=teacher))
+        for name, teacher in (("a", "run:x@1"), ("b", "run:x@1"), ("c", "run:y@latest"))
+    }
+    elsewhere = InferenceConfig(url="http://127.0.0.1:1/v1")
+    distilled = run.model_copy(update={"envs": teachers, "inference": elsewhere})
+    check_run_fits(distilled, available=machine)
+    with pytest.raises(NotEnoughMemory) as served:
+        check_run_fits(distilled, available=10 * GB)
+    said = str(served.value)
+    assert "+ 2 teacher servers ~2.4 GB (" in said and "inference replica" not in said
+    assert "serve the teachers yourself (algorithm.teacher_url)" in said
