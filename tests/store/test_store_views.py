@@ -7,13 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import clickhouse_connect
+import msgspec
 import pytest
 from support.factories import make_event
 
 from rlbus.bus.store import MigrationError, Store, open_store
 from rlbus.bus.store.migrate import Migration, load_migrations, load_views, migrate
 from rlbus.bus.store.sqltext import split_statements, words
-from rlbus.schemas import EVENT_TYPES, Event
+from rlbus.schemas import EVENT_TYPES, Event, RolloutCompleted
 
 BEFORE_VIEWS = Path(__file__).parent / "migrations_before_views"
 """0002, 0004, 0005 and 0006 as stores applied them before their views moved (byte for byte:
@@ -28,7 +29,7 @@ def migrations_before_views() -> list[Migration]:
     return [by_version[v] for v in sorted(by_version)]
 
 
-VIEWS_ADDED_SINCE = {"weight_updates"}
+VIEWS_ADDED_SINCE = {"weight_updates", "held_out_by_env_at", "held_out_by_env"}
 """Views first defined after views moved out of the migrations: an old store gains them when it
 migrates, as a fresh one has them."""
 VIEWS_CHANGED_SINCE = {"staleness", "throughput", "conflicts"}
@@ -74,6 +75,16 @@ def test_a_store_migrated_before_views_moved_opens_and_its_views_read_as_a_fresh
 ) -> None:
     # The same events for both stores: an event's id is new each time one is made.
     events = [[make_event(kind, i) for i in range(40)] for kind in EVENT_TYPES]
+    # Every fifth rollout held out, as an orchestrator's evaluations are: the views over them.
+    events = [
+        [
+            msgspec.structs.replace(e, info={"split": "test"})
+            if isinstance(e, RolloutCompleted) and i % 5 == 0
+            else e
+            for i, e in enumerate(of_kind)
+        ]
+        for of_kind in events
+    ]
     old_store(tmp_path / "old", migrations_before_views())
     before = view_definitions(tmp_path / "old")
     with open_store(f"chdb://{tmp_path / 'old'}") as store:

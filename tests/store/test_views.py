@@ -405,3 +405,29 @@ def test_every_query_the_views_page_shows_runs_and_finds_the_runs_rows(
     assert len(queries) >= 7
     for sql in queries:
         assert rows(store, sql, data.run), f"no rows for docs/views.md's query:\n{sql}"
+
+
+def test_held_out_by_env_is_each_environments_held_out_reward_per_version(
+    filled: tuple[Store, Data],
+) -> None:
+    """A run of several environments (an experts recipe's student, a joint run) compared per
+    environment: held-out rollouts only, by the policy version that sampled them."""
+    store, data = filled
+    split = {r.rollout_id: r.info["split"] for r in data.of(RolloutCompleted)}
+    held: dict[tuple[str, int], list[RolloutScored]] = defaultdict(list)
+    for s in data.of(RolloutScored):
+        if split[s.rollout_id] == "test":
+            held[(s.env, s.policy_version)].append(s)
+    got = rows(
+        store,
+        "SELECT * FROM held_out_by_env WHERE run_id = {run:String} ORDER BY env, step",
+        data.run,
+    )
+    assert [(r["env"], r["step"]) for r in got] == sorted(held)
+    for r in got:
+        scores = held[(r["env"], r["step"])]
+        ok = [s for s in scores if s.status == "ok"]
+        assert r["rollouts"] == len(scores) and r["errors"] == len(scores) - len(ok)
+        assert r["tasks"] == len({s.task_id for s in scores})
+        assert close(r["mean_reward"], float(np.mean([s.reward for s in ok])))
+        assert close(r["pass_rate"], float(np.mean([s.reward >= 1 for s in ok])))
