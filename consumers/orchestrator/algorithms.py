@@ -180,3 +180,20 @@ class SelfDistill(_Distill):
                 "algorithm 'self-distill' needs the policy's tokenizer to encode its hint"
             )
         return self.ctx.encode(self.cfg.hint.format(answer=member.rollout.answer))
+
+
+def teacher_kl(samples: Sequence[tuple[TrainSample, str]]) -> dict[str, float]:
+    """`teacher_kl.ENV`: per environment, the mean over the tokens the policy sampled of its
+    log-prob minus its teacher's (KL(policy || teacher) estimated on the policy's samples), for
+    the samples a teacher scored. A batch's metrics carry it, so that each teacher's distance is
+    a curve over steps (`SELECT step, metrics['teacher_kl.ENV'] FROM batches`)."""
+    sums: dict[str, list[float]] = {}
+    for sample, env in samples:
+        if not sample.teacher_logprobs:
+            continue
+        sampled = mask(sample.loss_mask) > 0
+        gap = logprobs(sample.inference_logprobs) - logprobs(sample.teacher_logprobs)
+        total = sums.setdefault(env, [0.0, 0.0])
+        total[0] += float(gap[sampled].sum())
+        total[1] += float(sampled.sum())
+    return {f"teacher_kl.{env}": s / n for env, (s, n) in sums.items() if n}

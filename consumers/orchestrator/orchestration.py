@@ -36,6 +36,7 @@ from rlbus.bus.leadership import Leadership
 from rlbus.bus.topic_reader import events_back
 from rlbus.clients.replicas import Roster
 from rlbus.config.orchestrator import OrchestratorConfig
+from rlbus.consumers.orchestrator.algorithms import teacher_kl
 from rlbus.consumers.orchestrator.held_out import HeldOut, HeldOutEval
 from rlbus.consumers.orchestrator.holds import HeldRollouts
 from rlbus.consumers.orchestrator.join import Group, Joiner
@@ -303,6 +304,7 @@ class Orchestrator:
         since = {k: float(v - getattr(self.counted, k)) for k, v in vars(self.counts).items()}
         self.counted = Counts(**vars(self.counts))
         rewards = [r for g in taken for r in g.rewards]
+        env_of = {r: g.env for g in taken for r in g.rollout_ids}
         batch_id = derived_id(self.run_id, "batch", self.step)
         batch = TrainBatch(
             event_id=batch_id,
@@ -320,6 +322,7 @@ class Orchestrator:
                 **since,
                 "batch_groups": float(len(taken)),
                 "mean_reward": float(np.mean(rewards)) if rewards else 0.0,
+                **teacher_kl([(s, env_of.get(s.rollout_id, "")) for s in fresh.kept]),
             },
         )
         # The batch continues its first rollout's trace and links to every rollout's score.

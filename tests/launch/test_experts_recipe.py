@@ -7,6 +7,7 @@ the student's batches drawn from both environments."""
 from __future__ import annotations
 
 import asyncio
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -68,5 +69,13 @@ def test_two_experts_then_a_student_distilled_from_both(
         envs = store.query(
             "SELECT DISTINCT env FROM scored FINAL WHERE run_id = 'experts-student' ORDER BY env"
         ).rows
+        kl = store.query(
+            "SELECT key, value FROM batches FINAL ARRAY JOIN mapKeys(metrics) AS key, "
+            "mapValues(metrics) AS value WHERE run_id = 'experts-student' "
+            "AND startsWith(key, 'teacher_kl.')"
+        ).rows
     assert trained == [(STEPS,)], said
     assert envs == [(env,) for env in sorted(EXPERTS)], envs
+    # Each batch says how far the student is from the teacher of each environment it drew on.
+    assert kl and {key for key, _ in kl} <= {f"teacher_kl.{env}" for env in EXPERTS}, kl
+    assert all(math.isfinite(value) and value != 0 for _, value in kl), kl

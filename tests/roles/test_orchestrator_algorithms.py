@@ -11,6 +11,7 @@ from rlbus.consumers.orchestrator.algorithms import (
     GroupMember,
     group_advantages,
     make_algorithm,
+    teacher_kl,
 )
 from rlbus.consumers.orchestrator.join import Joiner
 from rlbus.consumers.orchestrator.orchestration import has_signal
@@ -235,3 +236,19 @@ def test_training_tasks_go_round_in_epochs_and_never_include_held_out_ones() -> 
         sorted(first) == sorted(second) == sorted(train) and first != second
     )  # each epoch reshuffled
     assert len({t.event_id for t in drawn}) == len(drawn)  # every publication its own task event
+
+
+async def test_teacher_kl_is_per_environment_over_the_sampled_tokens() -> None:
+    """What a batch reports of each teacher: the mean of policy minus teacher log-prob over the
+    tokens the policy sampled (an estimate of KL(policy || teacher)), per environment; groups
+    scored by no teacher are not in it."""
+    distilled = await run(
+        "opd",
+        [member(0, 0.0, [0, 1, 1]), member(1, 0.0, [1, 0, 1, 1])],
+        Context(teacher=FakeTeacher()),
+        teacher_url="http://t",
+    )
+    plain = await run("grpo", [member(2, 1.0, [1, 1]), member(3, 0.0, [1, 1])], Context())
+    kl = teacher_kl([(s, "reverse_text") for s in distilled] + [(s, "other") for s in plain])
+    # inference -0.5, teacher -0.25 on every sampled token: -0.5 - (-0.25)
+    assert kl == {"teacher_kl.reverse_text": -0.25}
