@@ -1,0 +1,148 @@
+"""The experts recipe side by side (issue 34): from one base, (a) one RL expert per environment,
+(b) one student distilled on-policy from both experts, (c) one GRPO run on both environments at
+once; each a `rlbus run` of examples/experts/ (or the environments' smollm2.toml) on one store.
+
+    python bench/experts.py [--model DIR] [--steps 30] [--eval-tasks 64] [--workdir DIR]
+
+Steps: each expert trains `--steps`; the student and the joint run each train 2 x `--steps`, the
+experts' total, so (b) and (c) are compared at equal trainer steps. Every run ends with the
+orchestrator's final held-out evaluation (`--eval-tasks` tasks of each environment); the figures
+are the held-out mean reward per environment of each run's last evaluated version, read from the
+store (`held_out_by_env`). Wall time counts each `rlbus run` from launch (start-up included).
+
+Last line: RESULT student_vs_experts=<min over environments of student / expert>
+                  student_vs_joint=<min over environments of student / joint>
+(issue 34 aims at >= 0.9 and >= 1.0.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+EXPERTS = {"reverse_text": "bx-expert-reverse-text", "chain_sum": "bx-expert-chain-sum"}
+"""Each environment and its expert's run id."""
+STUDENT, JOINT = "bx-student", "bx-joint"
+
+console = Console()
+
+
+def rlbus_run(
+    config: Path, run_id: str, steps: int, args: argparse.Namespace, *extra: str
+) -> float:
+    """One `rlbus run` to its last step on the bench's store; its wall time in seconds."""
+    store = args.workdir / "store"
+    command = [
+        str(Path(sys.executable).with_name("rlbus")), "run", str(config),
+        "--model", str(args.model), "--run-id", run_id, "--max-steps", str(steps),
+        "--store.url", f"chdb://{store}", "--claim-check.url", str(args.workdir / "claims"),
+        "--trainer.checkpoint-url", str(args.workdir / "checkpoints" / run_id),
+        "--orchestrator.eval-every", str(steps), "--orchestrator.eval-tasks", str(args.eval_tasks),
+        *extra,
+    ]  # fmt: skip
+    log = args.workdir / f"{run_id}.log"
+    started = time.monotonic()
+    with log.open("w") as out:
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=args.workdir)
+    if done.returncode != 0:
+        raise SystemExit(f"rlbus run {run_id} exited {done.returncode}: see {log}")
+    return time.monotonic() - started
+
+
+def final_held_out(args: argparse.Namespace) -> dict[tuple[str, str], float]:
+    """(run, env) -> held-out mean reward of the run's last evaluated version."""
+    from rlbus.bus.store import open_store
+
+    runs = [*EXPERTS.values(), STUDENT, JOINT]
+    with open_store(f"chdb://{args.workdir / 'store'}", read_only=True) as store:
+        rows = store.query(
+            "SELECT run_id, env, argMax(mean_reward, step) FROM held_out_by_env "
+            "WHERE run_id IN {runs:Array(String)} GROUP BY run_id, env",
+            {"runs": runs},
+        ).rows
+    return {(str(run), str(env)): float(reward) for run, env, reward in rows}
+
+
+def ratio(a: float | None, b: float | None) -> float:
+    if a is None or b is None:
+        return math.nan
+    return a / b if b else math.inf if a else math.nan
+
+
+def lowest(ratios: list[float]) -> float:
+    """The minimum over environments; nan when one cannot be compared (a run with no reward)."""
+    return math.nan if any(math.isnan(r) for r in ratios) else min(ratios)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="default: SmolLM2 imported into bench/out")
+    parser.add_argument("--steps", type=int, default=30, help="trainer steps of each expert")
+    parser.add_argument("--eval-tasks", type=int, default=64)
+    parser.add_argument("--workdir", type=Path, help="default: a temporary one")
+    args = parser.parse_args()
+    if args.model is None:
+        from real_model import default_model
+
+        args.model = default_model()
+    args.model = args.model.resolve()
+    args.workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="experts-"))).resolve()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    console.print(f"experts bench: {args.model.name}, {args.steps} steps an expert, {args.workdir}")
+
+    wall: dict[str, float] = {}
+    student_teachers = [
+        f"--envs.{env}.algorithm.teacher=run:{run}@latest" for env, run in EXPERTS.items()
+    ]
+    stages = [
+        *((run, EXAMPLES / env / "smollm2.toml", args.steps, []) for env, run in EXPERTS.items()),
+        (STUDENT, EXAMPLES / "experts" / "student.toml", 2 * args.steps, student_teachers),
+        (JOINT, EXAMPLES / "experts" / "joint.toml", 2 * args.steps, []),
+    ]
+    bar = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*bar, console=console) as progress:
+        for run, config, steps, extra in stages:
+            task = progress.add_task(f"{run}: {steps} steps", total=1)
+            wall[run] = rlbus_run(config, run, steps, args, *extra)
+            progress.update(task, completed=1)
+
+    held = final_held_out(args)
+    table = Table(title="held-out mean reward of each run's last version, by environment")
+    columns = ("environment", "expert", "student", "joint", "student / expert", "student / joint")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "environment" else "right")
+    vs_experts, vs_joint = [], []
+    for env, expert in EXPERTS.items():
+        e, s, j = held.get((expert, env)), held.get((STUDENT, env)), held.get((JOINT, env))
+        vs_experts.append(ratio(s, e))
+        vs_joint.append(ratio(s, j))
+        shown = [f"{v:.3f}" if v is not None else "-" for v in (e, s, j)]
+        table.add_row(env, *shown, f"{vs_experts[-1]:.2f}", f"{vs_joint[-1]:.2f}")
+    console.print(table)
+    experts_s = sum(wall[r] for r in EXPERTS.values())
+    each = ", ".join(f"{wall[r]:.0f}" for r in EXPERTS.values())
+    console.print(
+        f"wall time: experts {experts_s:.0f} s ({each}), "
+        f"student {wall[STUDENT]:.0f} s (experts + student {experts_s + wall[STUDENT]:.0f} s), "
+        f"joint {wall[JOINT]:.0f} s; runs and store in {args.workdir}"
+    )
+    print(
+        f"RESULT student_vs_experts={lowest(vs_experts):.3f} "
+        f"student_vs_joint={lowest(vs_joint):.3f} "
+        f"expert_steps={args.steps} student_steps={2 * args.steps} joint_steps={2 * args.steps}"
+    )
+
+
+if __name__ == "__main__":
+    main()
