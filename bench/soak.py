@@ -23,7 +23,13 @@ unattended keeps what it measured even if a role dies (the soak then stops, nami
     python bench/soak.py [--minutes 60] [--sample-s 60] [--warmup-minutes M] [--workdir DIR]
                          [--broker-max-mb MB]
 
-Last line: RESULT rss_growth_mb_per_h=<max over the roles> store_bytes_per_rollout=<slope of
+A handover restarts every role, so with handovers every few minutes the longest stretch holds
+few samples: each process's memory is also fitted within every lifetime (a slope with an
+intercept per stretch, --restart-warmup-minutes left out after each handover), and that is the
+RESULT's. `--from-samples soak.jsonl --handed-over-at 12,27` reports on a soak run before.
+
+Last line: RESULT rss_growth_mb_per_h=<max over the roles, within lifetimes>
+store_bytes_per_rollout=<slope of
 store bytes over rollouts stored> lag_growth=<messages per hour, all groups>, then which role
 that RSS slope is, the embedded broker's own RSS slope and its highest RSS, the handovers and
 their longest pause, and rollouts/s. (Messages on the bus, and the tally by topic, count the
@@ -295,14 +301,18 @@ def value_of(s: Sample, value: str, key: str | None = None) -> float | None:
 
 def report(
     samples: list[Sample],
-    warmup_minutes: float,
+    warmups: tuple[float, float],
     stopped_by: str,
-    handovers: list[tuple[float, Handover, float]],
+    handed_over: list[float],
+    handover_pause_max_s: float = 0.0,
 ) -> None:
     """Each series over the longest stretch without a handover, after its warm-up: first,
     last, the slope over all those samples and over their second half (a step, such as a
-    thread pool growing once, flattens there; growth without bound does not)."""
-    after = longest_stretch(samples, warmup_minutes, [m for m, _, _ in handovers])
+    thread pool growing once, flattens there; growth without bound does not); each process's
+    memory also within every lifetime (`within_lifetimes`: with handovers, the longest stretch
+    may be a few samples). `warmups`: minutes skipped after the start and after a handover."""
+    warmup_minutes = warmups[0]
+    after = longest_stretch(samples, warmup_minutes, handed_over)
     if len(after) < 2:
         console.print(f"[red]only {len(after)} samples after the warm-up: no slopes[/red]")
         after = samples
@@ -325,7 +335,8 @@ def report(
         )
         return whole
 
-    rss = {name: row(f"RSS MB {name}", "rss_mb", name) for name in last.rss_mb}
+    for name in last.rss_mb:
+        row(f"RSS MB {name}", "rss_mb", name)
     for name in last.anon_mb:
         row(f"  anonymous MB {name}", "anon_mb", name)
     for name in last.engine_mb:
@@ -345,6 +356,19 @@ def report(
     for run in sorted(last.rollouts):
         row(f"rollouts stored, {run}", "rollouts", run)
     console.print(table)
+    rss = {
+        name: within_lifetimes(samples, warmups, handed_over, "rss_mb", name)
+        for name in last.rss_mb
+    }
+    lifetimes = Table(
+        title=f"RSS growth within every lifetime ({len(handed_over) + 1} stretches, "
+        f"{warmups[0]:g} min skipped after the start, {warmups[1]:g} after a handover)"
+    )
+    for col in ("process", "MB per hour"):
+        lifetimes.add_column(col, justify="right" if col != "process" else "left")
+    for name, mb in rss.items():
+        lifetimes.add_row(name, f"{mb:+.1f}")
+    console.print(lifetimes)
     cpu_table(after)
     load = os.getloadavg()
     console.print(f"load average (1, 5, 15 min) at the end: {load} on {os.cpu_count()} cores")
@@ -360,8 +384,8 @@ def report(
         f"lag_growth={per_hour(after, 'lag'):.0f} worst_role={worst.replace(' ', '_')} "
         f"broker_rss_growth_mb_per_h={rss.get('tansu', 0.0):.1f} "
         f"broker_rss_max_mb={max((s.rss_mb.get('tansu', 0.0) for s in samples), default=0):.0f} "
-        f"handovers={len(handovers)} "
-        f"handover_pause_max_s={max((p for _, _, p in handovers), default=0.0):.1f} "
+        f"handovers={len(handed_over)} "
+        f"handover_pause_max_s={handover_pause_max_s:.1f} "
         f"rollouts_per_s={rollouts_per_h / 3600:.1f}"
     )
 
@@ -378,6 +402,37 @@ def longest_stretch(
         for start, end in zip(starts, ends, strict=True)
     ]
     return max(stretches, key=len)
+
+
+def within_lifetimes(
+    samples: list[Sample],
+    warmups: tuple[float, float],
+    handed_over: list[float],
+    value: str,
+    key: str | None = None,
+) -> float:
+    """The growth per hour of one series within its processes' lifetimes: a handover restarts
+    every role, so each stretch between handovers is a lifetime of its own, read after its
+    warm-up (`warmups`: after the start, after a handover); the slope is the least-squares one
+    with an intercept per stretch (each stretch's points centred on their own means), so every
+    stretch counts and the drop at a restart does not."""
+    starts = [0.0, *handed_over]
+    ends = [*handed_over, float("inf")]
+    skips = [warmups[0], *(warmups[1] for _ in handed_over)]
+    across = within = 0.0
+    for start, end, skip in zip(starts, ends, skips, strict=True):
+        points = [
+            (s.minute / 60, figure)
+            for s in samples
+            if start + skip <= s.minute < end and (figure := value_of(s, value, key)) is not None
+        ]
+        if len(points) < 3:
+            continue
+        mean_t = statistics.fmean(t for t, _ in points)
+        mean_y = statistics.fmean(y for _, y in points)
+        across += sum((t - mean_t) * (y - mean_y) for t, y in points)
+        within += sum((t - mean_t) ** 2 for t, _ in points)
+    return across / within if within else float("nan")
 
 
 def cpu_table(after: list[Sample]) -> None:
@@ -484,7 +539,9 @@ def soak(args: argparse.Namespace, workdir: Path) -> None:
     console.print(f"role logs: {logs}; samples: {workdir / 'soak.jsonl'}")
     per_rollout(tally)
     handover_table(handovers)
-    report(samples, args.warmup_minutes, stopped_by, handovers)
+    warmups = (args.warmup_minutes, args.restart_warmup_minutes)
+    pause = max((p for _, _, p in handovers), default=0.0)
+    report(samples, warmups, stopped_by, [m for m, _, _ in handovers], pause)
 
 
 def handover_table(handovers: list[tuple[float, Handover, float]]) -> None:
@@ -553,9 +610,30 @@ def main() -> None:
         help="kafka.embedded_max_rss_mb (0: an eighth of this machine's memory)",
     )
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary one")
+    parser.add_argument(
+        "--restart-warmup-minutes",
+        type=float,
+        default=3.0,
+        help="minutes of each lifetime after a handover left out of the slopes within lifetimes",
+    )
+    parser.add_argument(
+        "--from-samples",
+        type=Path,
+        help="report on a soak.jsonl written before instead of soaking (with --handed-over-at)",
+    )
+    parser.add_argument(
+        "--handed-over-at", default="", help="with --from-samples: the handovers' minutes, 12,27"
+    )
     args = parser.parse_args()
     if args.warmup_minutes is None:
         args.warmup_minutes = max(2.0, args.minutes / 5)
+    if args.from_samples:
+        lines = args.from_samples.read_text().splitlines()
+        samples = [Sample(**json.loads(line)) for line in lines]
+        handed_over = [float(m) for m in args.handed_over_at.split(",") if m]
+        warmups = (args.warmup_minutes, args.restart_warmup_minutes)
+        report(samples, warmups, f"samples of {args.from_samples}", handed_over)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         workdir = (args.workdir or Path(tmp)).resolve()
         workdir.mkdir(parents=True, exist_ok=True)

@@ -302,7 +302,8 @@ class RunIncident(Event, kw_only=True):
     table = "incidents"
 
     incident: str
-    """What happened: "role-exited", "role-restarted", "broker-rotation", ..."""
+    """What happened: "role-exited", "role-restarted", "broker-rotation", "teacher" (a
+    distillation teacher the run serves, named by its stored version), ..."""
     detail: str = ""
     """For a person: "rss 812 MB > 768 MB; 1,204 messages carried; paused 14.2 s"."""
     process: str = ""

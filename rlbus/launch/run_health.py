@@ -103,7 +103,8 @@ class RunHealth:
         self._said: set[str] = set()
 
     def incident(self, incident: str, detail: str = "", process: str = "") -> None:
-        """Record that `incident` ("broker-rotation", "role-exited", "role-restarted") happened
+        """Record that `incident` ("broker-rotation", "role-exited", "role-restarted", "teacher":
+        a distillation teacher served) happened
         to the run now; `detail` says it for a person, `process` names the process it happened
         to (env-2; '' for the run as a whole). Returns at once; the health thread publishes it."""
         event = RunIncident(run_id=self.run_id, incident=incident, detail=detail, process=process)

@@ -248,6 +248,9 @@ class LocalRun:
             )
             self.console.print(banner(base, self.run_dir / "logs"), markup=False)
             self.health.start(base)
+            for teacher in self.teachers:  # the run's page and report name its teachers
+                envs = ", ".join(teacher.envs)
+                self.health.incident("teacher", f"{teacher.ref} teaches {envs}", teacher.name)
             try:
                 return self._run(base, timeout_s)
             finally:

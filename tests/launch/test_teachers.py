@@ -143,7 +143,14 @@ def test_rlbus_run_serves_a_stored_teacher_and_distills_from_it(
         steps = store.query(
             "SELECT count(DISTINCT step) FROM train_steps FINAL WHERE run_id = 'student'"
         ).rows
+        # What the run's page and report show of its teachers.
+        named = store.query(
+            "SELECT process, detail FROM incidents FINAL WHERE run_id = 'student' "
+            "AND incident = 'teacher'"
+        ).rows
     assert steps == [(2,)], said
+    teacher = f"run:{expert.run_id}@{STEPS}"
+    assert named == [(f"teacher-{expert.run_id}-v{STEPS}", f"{teacher} teaches {ENV}")], named
     print(json.dumps({"student steps": steps[0][0], "teacher": f"run:{expert.run_id}@{STEPS}"}))
 
 
