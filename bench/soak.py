@@ -32,7 +32,9 @@ Last line: RESULT rss_growth_mb_per_h=<max over the roles, within lifetimes>
 store_bytes_per_rollout=<slope of
 store bytes over rollouts stored> lag_growth=<messages per hour, all groups>, then which role
 that RSS slope is, the embedded broker's own RSS slope and its highest RSS, the handovers and
-their longest pause, and rollouts/s. (Messages on the bus, and the tally by topic, count the
+their longest pause, rollouts/s, and lost= (what the store lacks or holds twice once the soak
+stopped: train steps missing or trained twice, rollouts never scored, eval tasks never rolled
+out, ids stored with two contents). (Messages on the bus, and the tally by topic, count the
 current broker's only.)
 """
 
@@ -305,6 +307,7 @@ def report(
     stopped_by: str,
     handed_over: list[float],
     handover_pause_max_s: float = 0.0,
+    counted: dict[str, int] | None = None,
 ) -> None:
     """Each series over the longest stretch without a handover, after its warm-up: first,
     last, the slope over all those samples and over their second half (a step, such as a
@@ -370,6 +373,13 @@ def report(
         lifetimes.add_row(name, f"{mb:+.1f}")
     console.print(lifetimes)
     cpu_table(after)
+    if counted is not None:
+        kept = Table(title="lost or doubled, counted in the store after the soak")
+        kept.add_column("what")
+        kept.add_column("count", justify="right")
+        for what, n in counted.items():
+            kept.add_row(what, str(n))
+        console.print(kept)
     load = os.getloadavg()
     console.print(f"load average (1, 5, 15 min) at the end: {load} on {os.cpu_count()} cores")
     console.print(f"stopped: {stopped_by}")
@@ -387,6 +397,7 @@ def report(
         f"handovers={len(handed_over)} "
         f"handover_pause_max_s={handover_pause_max_s:.1f} "
         f"rollouts_per_s={rollouts_per_h / 3600:.1f}"
+        + ("" if counted is None else f" lost={sum(counted.values())}")
     )
 
 
@@ -402,6 +413,33 @@ def longest_stretch(
         for start, end in zip(starts, ends, strict=True)
     ]
     return max(stretches, key=len)
+
+
+SETTLED_S = 120
+"""What had this long to be handled before the last one of its kind was stored counts as lost
+when it was not (what came later may have been in flight when the soak stopped)."""
+INTEGRITY = {
+    "steps missing": f"""
+        SELECT max(step) - count(DISTINCT step) FROM train_steps FINAL WHERE run_id = '{RUN}'""",
+    "steps trained twice": f"""
+        SELECT count() FROM (SELECT step FROM train_steps FINAL WHERE run_id = '{RUN}'
+                             GROUP BY step HAVING count() > 1)""",
+    "rollouts never scored": f"""
+        SELECT count() FROM rollouts FINAL
+        WHERE ts < (SELECT max(ts) FROM rollouts) - {SETTLED_S}
+          AND rollout_id NOT IN (SELECT rollout_id FROM scored)""",
+    "eval tasks never rolled out": f"""
+        SELECT count() FROM tasks FINAL
+        WHERE run_id = '{EVAL}' AND ts < (SELECT max(ts) FROM tasks) - {SETTLED_S}
+          AND task_id NOT IN (SELECT task_id FROM rollouts WHERE run_id = '{EVAL}')""",
+    "ids stored with two contents": "SELECT count() FROM conflicts",
+}
+"""Nothing lost or doubled across the handovers, counted in the store once the soak stopped."""
+
+
+def integrity(store_url: str) -> dict[str, int]:
+    with open_store(store_url, read_only=True) as store:
+        return {what: int(store.query(sql).rows[0][0]) for what, sql in INTEGRITY.items()}
 
 
 def within_lifetimes(
@@ -541,7 +579,8 @@ def soak(args: argparse.Namespace, workdir: Path) -> None:
     handover_table(handovers)
     warmups = (args.warmup_minutes, args.restart_warmup_minutes)
     pause = max((p for _, _, p in handovers), default=0.0)
-    report(samples, warmups, stopped_by, [m for m, _, _ in handovers], pause)
+    counted = integrity(cfg.store.url)
+    report(samples, warmups, stopped_by, [m for m, _, _ in handovers], pause, counted)
 
 
 def handover_table(handovers: list[tuple[float, Handover, float]]) -> None:
@@ -632,7 +671,9 @@ def main() -> None:
         samples = [Sample(**json.loads(line)) for line in lines]
         handed_over = [float(m) for m in args.handed_over_at.split(",") if m]
         warmups = (args.warmup_minutes, args.restart_warmup_minutes)
-        report(samples, warmups, f"samples of {args.from_samples}", handed_over)
+        store = args.from_samples.parent / "store"
+        counted = integrity(f"chdb://{store}") if store.is_dir() else None
+        report(samples, warmups, f"samples of {args.from_samples}", handed_over, 0.0, counted)
         return
     with tempfile.TemporaryDirectory() as tmp:
         workdir = (args.workdir or Path(tmp)).resolve()
