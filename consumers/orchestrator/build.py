@@ -15,7 +15,7 @@ from rlbus.consumers.orchestrator.join import Joiner
 from rlbus.consumers.orchestrator.orchestration import Orchestrator
 from rlbus.consumers.orchestrator.pacing import pacing_for
 from rlbus.consumers.orchestrator.task_draw import TaskSource, WeightedEnvironment
-from rlbus.consumers.orchestrator.teachers import PatientTeacher, teacher_urls
+from rlbus.consumers.orchestrator.teacher_scoring import PatientTeacher, teacher_urls
 from rlbus.environment import Environment, load_environment
 
 if TYPE_CHECKING:

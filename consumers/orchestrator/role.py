@@ -20,7 +20,7 @@ from rlbus.consumers.orchestrator.orchestration import (
     run_orchestrator,
     summary,
 )
-from rlbus.consumers.orchestrator.teachers import teachers_answer
+from rlbus.consumers.orchestrator.teacher_scoring import teachers_answer
 from rlbus.schemas import group_of
 
 log = logging.getLogger(__name__)

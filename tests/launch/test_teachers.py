@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.runs import EXAMPLE, run_args, run_config, said
-from support.stored_runs import STEPS, Run, start_run
+from support.trained_runs import STEPS, Run, start_run
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlbus.bus import EmbeddedBroker

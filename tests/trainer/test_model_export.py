@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from support.isolated import running_sink
-from support.stored_runs import STEPS, Run, start_run
+from support.trained_runs import STEPS, Run, start_run
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
