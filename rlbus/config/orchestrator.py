@@ -31,7 +31,7 @@ class AlgorithmConfig(Section):
     refuses to start when it cannot. Instead of teacher_url, not with it."""
     teacher_base: str = ""
     """The model directory the teacher's run started from (its `model`; the store does not record
-    it). Empty: this run's model."""
+    it), resolved as `model` is. Empty: this run's model."""
 
     @field_validator("teacher")
     @classmethod

@@ -235,7 +235,7 @@ class LocalRun:
         self.handed_over = time.monotonic()
         check_run_fits(self.cfg)  # NotEnoughMemory, with the estimates, before anything starts
         # TeacherError, naming the environment and the teacher, before anything starts.
-        self.teachers = prepare_teachers(self.cfg, self.config_path.parent, self.run_dir)
+        self.teachers = prepare_teachers(self.cfg, self.run_dir)
         for teacher in self.teachers:
             envs = ", ".join(teacher.envs)
             said = f"teacher of {envs}: {teacher.ref} ({teacher.model_dir})"

@@ -42,10 +42,9 @@ class Teacher:
         return f"teacher-{self.ref.run_id}-v{self.ref.version}"
 
 
-def teacher_base(cfg: RunConfig, env: str, config_dir: Path) -> Path:
-    base = cfg.envs[env].algorithm.teacher_base or cfg.model
-    path = Path(base).expanduser()
-    return path if path.is_absolute() else (config_dir / path).resolve()
+def model_dir(path: str) -> Path:
+    """A model directory as `rlbus run` resolves its `model`: from where it was started."""
+    return Path(path).expanduser().resolve()
 
 
 def check_same_tokenizer(student: Path, base: Path, where: str) -> None:
@@ -65,15 +64,15 @@ def check_same_tokenizer(student: Path, base: Path, where: str) -> None:
         )
 
 
-def prepare_teachers(cfg: RunConfig, config_dir: Path, run_dir: Path) -> list[Teacher]:
+def prepare_teachers(cfg: RunConfig, run_dir: Path) -> list[Teacher]:
     """Every stored-version teacher of `cfg`'s environments, written out under
     `run_dir`/teachers, or TeacherError for the first that cannot be."""
-    student = Path(cfg.model).expanduser()
-    student = student if student.is_absolute() else (config_dir / student).resolve()
+    student = model_dir(cfg.model)
     found: dict[tuple[str, Path], list[str]] = {}
     for env, entry in cfg.envs.items():
-        if entry.algorithm.teacher:
-            key = (entry.algorithm.teacher, teacher_base(cfg, env, config_dir))
+        algorithm = entry.algorithm
+        if algorithm.teacher:
+            key = (algorithm.teacher, model_dir(algorithm.teacher_base or cfg.model))
             found.setdefault(key, []).append(env)
     teachers: list[Teacher] = []
     for (text, base), envs in found.items():

@@ -63,13 +63,13 @@ def test_latest_is_pinned_written_once_and_scores_as_the_version(
     expert: Run, tmp_path: Path
 ) -> None:
     cfg = with_teacher(expert, tmp_path, f"run:{expert.run_id}@latest")
-    (teacher,) = prepare_teachers(cfg, EXAMPLE, tmp_path / "run")
+    (teacher,) = prepare_teachers(cfg, tmp_path / "run")
     assert str(teacher.ref) == f"run:{expert.run_id}@{STEPS}" and teacher.envs == (ENV,)
     exported = export_version(expert.store, expert.ref(STEPS), tmp_path / "export", expert.base)
     assert torch.equal(logits(teacher.model_dir), logits(exported.out))
     assert not torch.equal(logits(teacher.model_dir), logits(expert.base))  # it trained
     written = (teacher.model_dir / EXPORTED).stat().st_mtime_ns
-    (again,) = prepare_teachers(cfg, EXAMPLE, tmp_path / "run")  # a resumed run: reused
+    (again,) = prepare_teachers(cfg, tmp_path / "run")  # a resumed run: reused
     assert again == teacher and (teacher.model_dir / EXPORTED).stat().st_mtime_ns == written
 
 
@@ -78,9 +78,9 @@ def test_teachers_that_cannot_teach_are_refused_with_the_reason(
 ) -> None:
     where = rf"envs\.{ENV}\.algorithm\.teacher = 'run:{expert.run_id}@"
     with pytest.raises(TeacherError, match=rf"{where}9'.*no weight version 9.*versions: 0-2"):
-        prepare_teachers(with_teacher(expert, tmp_path, expert.ref(9)), EXAMPLE, tmp_path)
+        prepare_teachers(with_teacher(expert, tmp_path, expert.ref(9)), tmp_path)
     with pytest.raises(TeacherError, match=r"'run:nobody@1'.*no run 'nobody'"):
-        prepare_teachers(with_teacher(expert, tmp_path, "run:nobody@1"), EXAMPLE, tmp_path)
+        prepare_teachers(with_teacher(expert, tmp_path, "run:nobody@1"), tmp_path)
     # A base whose tokenizer gives other ids: the teacher would score other tokens.
     other = tmp_path / "other-tokenizer"
     shutil.copytree(expert.base, other)
@@ -89,13 +89,13 @@ def test_teachers_that_cannot_teach_are_refused_with_the_reason(
     tokenizer.save_pretrained(other)
     bad = with_teacher(expert, tmp_path, expert.ref(1), str(other))
     with pytest.raises(TeacherError, match=rf"{where}1'.*tokenizer .* is not the student's"):
-        prepare_teachers(bad, EXAMPLE, tmp_path)
+        prepare_teachers(bad, tmp_path)
     # A base of another architecture: the version's weights do not load onto it.
     llama = tmp_path / "llama"
     init_model(llama, arch="llama", seed=0)
     bad = with_teacher(expert, tmp_path, expert.ref(1), str(llama))
     with pytest.raises(TeacherError, match=rf"{where}1'.*does not fit the base"):
-        prepare_teachers(bad, EXAMPLE, tmp_path)
+        prepare_teachers(bad, tmp_path)
     assert not (tmp_path / "teachers").exists()  # nothing written by any of them
 
 
