@@ -401,18 +401,26 @@ def report(
     )
 
 
+def lifetimes(
+    samples: list[Sample], warmups: tuple[float, float], handed_over: list[float]
+) -> list[list[Sample]]:
+    """The samples of each stretch between handovers (a handover restarts every role), each
+    read `warmups[0]` minutes after the start or `warmups[1]` after the handover before it."""
+    starts = [0.0, *handed_over]
+    ends = [*handed_over, float("inf")]
+    skips = [warmups[0], *(warmups[1] for _ in handed_over)]
+    return [
+        [s for s in samples if start + skip <= s.minute < end]
+        for start, end, skip in zip(starts, ends, skips, strict=True)
+    ]
+
+
 def longest_stretch(
     samples: list[Sample], warmup_minutes: float, handed_over: list[float]
 ) -> list[Sample]:
     """The longest run of samples with no handover among them, each taken `warmup_minutes` or
-    more after the start or the handover before it (a handover restarts every role)."""
-    starts = [0.0, *handed_over]
-    ends = [*handed_over, float("inf")]
-    stretches = [
-        [s for s in samples if start + warmup_minutes <= s.minute < end]
-        for start, end in zip(starts, ends, strict=True)
-    ]
-    return max(stretches, key=len)
+    more after the start or the handover before it."""
+    return max(lifetimes(samples, (warmup_minutes, warmup_minutes), handed_over), key=len)
 
 
 SETTLED_S = 120
@@ -454,15 +462,12 @@ def within_lifetimes(
     warm-up (`warmups`: after the start, after a handover); the slope is the least-squares one
     with an intercept per stretch (each stretch's points centred on their own means), so every
     stretch counts and the drop at a restart does not."""
-    starts = [0.0, *handed_over]
-    ends = [*handed_over, float("inf")]
-    skips = [warmups[0], *(warmups[1] for _ in handed_over)]
     across = within = 0.0
-    for start, end, skip in zip(starts, ends, skips, strict=True):
+    for stretch in lifetimes(samples, warmups, handed_over):
         points = [
             (s.minute / 60, figure)
-            for s in samples
-            if start + skip <= s.minute < end and (figure := value_of(s, value, key)) is not None
+            for s in stretch
+            if (figure := value_of(s, value, key)) is not None
         ]
         if len(points) < 3:
             continue

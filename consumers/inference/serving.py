@@ -137,14 +137,14 @@ async def serve_following_weights(
     await wait_until(
         lambda: server.started, 600, f"inference on {host}:{port}", 0.05, still_starting
     )
-    follower = WeightFollower(
-        backend, worker_id or default_worker_id(port), url or advertised_url(host, port)
-    )
     try:
         if not follow:
             gate.open = True
             await stop.wait()
             return
+        follower = WeightFollower(
+            backend, worker_id or default_worker_id(port), url or advertised_url(host, port)
+        )
         async with Bus.of(settings) as bus:
             await catch_up(bus, follower, settings.run_id)
             gate.open = True

@@ -20,7 +20,6 @@ from rlbus.consumers.orchestrator.orchestration import (
     run_orchestrator,
     summary,
 )
-from rlbus.consumers.orchestrator.teacher_scoring import teachers_answer
 from rlbus.schemas import group_of
 
 log = logging.getLogger(__name__)
@@ -56,7 +55,6 @@ class OrchestratorRole:
         cfg = self.cfg
         async with Bus.of(cfg) as bus, Leadership(bus, self._leader_group()) as lead:
             build_orchestrator(bus, cfg, self.base_dir)  # a config it cannot build fails now
-            await teachers_answer(cfg, stop)
             while await lead.acquired(stop):
                 log.info("leading run %s", cfg.run_id)
                 # What earlier leaders did is on the bus: each term starts from it afresh.

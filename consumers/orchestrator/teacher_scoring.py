@@ -1,16 +1,14 @@
 """The orchestrator's distillation teachers (`opd`, `self-distill`): their URLs from the run
-config, waiting for them to answer before the first group is scored, and scoring that rides out
-a teacher whose server is restarted (`rlbus run` starts a stored-version teacher's again when it
-dies) instead of failing the group."""
+config, and scoring that waits for a teacher that does not answer yet (one started with the run
+still loading, one `rlbus run` started again after it died) instead of failing the group."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
-from rlbus.clients.inference_client import InferenceClient, InferenceError, healthy
+from rlbus.clients.inference_client import InferenceClient, InferenceError
 from rlbus.config.runs import RunConfig
 
 log = logging.getLogger(__name__)
@@ -45,22 +43,6 @@ def teacher_urls(cfg: RunConfig) -> dict[str, str]:
             )
         urls[name] = url
     return urls
-
-
-async def teachers_answer(cfg: RunConfig, stop: asyncio.Event) -> None:
-    """Wait until every teacher of the run answers (or `stop`); TimeoutError after
-    TEACHER_WAIT_S."""
-    for url in sorted(set(teacher_urls(cfg).values())):
-        deadline = time.monotonic() + TEACHER_WAIT_S
-        said = False
-        while not stop.is_set() and not await asyncio.to_thread(healthy, url):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the teacher at {url} did not answer in {TEACHER_WAIT_S:.0f}s")
-            if not said:
-                log.info("waiting for the teacher at %s to answer", url)
-                said = True
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
 
 
 class PatientTeacher:
