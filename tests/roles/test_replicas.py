@@ -80,14 +80,19 @@ async def test_the_roster_hears_replicas_again_after_the_broker_was_unreachable(
             with EmbeddedBroker(port=port):  # back on its address, empty (Tansu keeps no data)
                 async with Bus.of(settings) as replica:
                     await replica.ensure_topics(["weights"])
-                    for _ in range(20):  # a replica re-announces while it serves
+                    # A replica re-announces while it serves; what the roster says is read
+                    # here, while it does: after the closing below (seconds, on a loaded
+                    # machine) the replica is rightly no longer live (CI read None, once). How
+                    # soon it is heard again is no part of this test: that it is.
+                    served, deadline = None, time.monotonic() + 180
+                    while served != 3 and time.monotonic() < deadline:
                         await replica.publish(loaded("w", 3))
-                        if roster.served() == 3:
-                            break
                         await asyncio.sleep(1)
+                        served = roster.served()
+                    assert not following.done(), following.exception()
                 stop.set()
                 await following
-    assert roster.served() == 3
+    assert served == 3
 
 
 def test_a_route_keeps_its_replica_and_new_routes_go_to_the_least_busy() -> None:
