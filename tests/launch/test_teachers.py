@@ -29,7 +29,7 @@ from rlbus.consumers.inference.model_init import init_model
 from rlbus.launch.model_export import export_version
 from rlbus.launch.teachers import EXPORTED, TeacherError, prepare_teachers
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("expert-run")]  # one run, trained once
 
 ENV = "reverse_text"
 REFUSED_WITHIN_S = 60.0

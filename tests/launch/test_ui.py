@@ -44,6 +44,8 @@ from rlbus.schemas import DeadLetter, RolloutCompleted, RolloutScored, derived_i
 from rlbus.ui.charts import format_number
 from rlbus.ui.server import serve
 
+pytestmark = pytest.mark.xdist_group("ui-world")  # the module's world: one run, made once
+
 NEWEST_SCORES = "(SELECT * FROM scored FINAL ORDER BY rollout_id, ts DESC LIMIT 1 BY rollout_id)"
 """Each rollout's newest score (a rescore replaces what the run's pages count), from the base
 table."""
