@@ -26,7 +26,7 @@ from rlbus.bus.store.arrow import events_to_arrow
 from rlbus.bus.store.client import block_token
 from rlbus.bus.waiting import every
 from rlbus.config import Settings
-from rlbus.consumers.sink.heap import RELEASE_EVERY_S, release_every
+from rlbus.consumers.heap import RELEASE_EVERY_S, release_every
 from rlbus.schemas import EVENT_TYPES, TOPICS, Event, codec
 
 log = logging.getLogger(__name__)

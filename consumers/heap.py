@@ -1,13 +1,14 @@
-"""Handing the heap that a poll's events freed back to the system.
+"""Handing the heap that a role's work freed back to the system.
 
-A poll is up to `store.batch_rows` events, each a few small allocations (its message, its
-Struct, its bytes fields) made and freed together, among allocations that live on. glibc keeps
-such freed memory in its arenas rather than return it, so the sink's RSS grew with the largest
-polls it had seen while the engine's own memory stayed flat (bench/soak.py showed it;
-tests/store/test_sink_heap.py checks that the sink gives it back; the figures are in
-docs/benchmarks.md). `malloc_trim` returns every free page, quickly enough to run between
-polls; Arrow's pool is asked to release its unused memory too. Other C libraries (musl, macOS)
-have no malloc_trim: nothing is done there.
+glibc keeps freed memory in its arenas rather than return it. The sink's polls (up to
+`store.batch_rows` events, each a few small allocations made and freed together, among
+allocations that live on) left its RSS growing with the largest polls it had seen while the
+engine's own memory stayed flat (tests/store/test_sink_heap.py); a trainer's steps (tensors of
+every batch's shape, from the threads steps run on) left over a GB of free heap held on the tiny
+model (tests/trainer/test_trainer_heap.py). Figures in docs/benchmarks.md. `malloc_trim`
+returns every free page: the sink calls it between polls, the trainer after each step; Arrow's
+pool is asked to release its unused memory too. Other C libraries (musl, macOS) have no
+malloc_trim: nothing is done there.
 """
 
 from __future__ import annotations
