@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args, get_origin
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_settings import (
     EnvSettingsSource,
     InitSettingsSource,
@@ -30,10 +30,12 @@ from rlbus.config.settings import Settings
 S = TypeVar("S", bound=Settings)
 
 
-def parse_overrides(args: list[str]) -> dict[str, Any]:
+def parse_overrides(args: list[str], model: type[BaseModel] | None = None) -> dict[str, Any]:
     """`--kafka.bootstrap-servers host:9092 --run-id r1` -> {"kafka": {"bootstrap_servers": ...}}.
 
     Values stay strings; pydantic coerces them by field type. `--flag` with no value is True.
+    A field's name takes `-` for `_`; the name of an entry of `model`'s named sections (`envs`)
+    stays as written (`--envs.reverse-text.weight 2` is the entry `reverse-text`).
     """
     out: dict[str, Any] = {}
     i = 0
@@ -50,7 +52,7 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
                 i += 1
             else:
                 value = "true"
-        *parents, leaf = [part.replace("-", "_") for part in name.split(".")]
+        *parents, leaf = _keys(name.split("."), model)
         node = out
         for part in parents:
             node = node.setdefault(part, {})
@@ -59,6 +61,27 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
         node[leaf] = value
         i += 1
     return out
+
+
+def _keys(parts: list[str], model: type[BaseModel] | None) -> list[str]:
+    """The dict keys an override's dotted parts name, following `model`'s fields: a part under a
+    dict of sections is an entry's name, kept; any other is a field's, `-` read as `_`."""
+    keys, at = [], model
+    for part in parts:
+        if _is_model(at):
+            key = part.replace("-", "_")
+            field = at.model_fields.get(key)  # pyright: ignore[reportOptionalMemberAccess]
+            at = field.annotation if field is not None else None
+        elif get_origin(at) is dict and _is_model(get_args(at)[1]):
+            key, at = part, get_args(at)[1]
+        else:
+            key, at = part.replace("-", "_"), None
+        keys.append(key)
+    return keys
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -91,7 +114,9 @@ def load_settings(
 
     Raises ConfigError naming every bad field.
     """
-    cli = parse_overrides(overrides) if isinstance(overrides, list) else dict(overrides or {})
+    cli = (
+        parse_overrides(overrides, model) if isinstance(overrides, list) else dict(overrides or {})
+    )
     # The TOML source skips a missing file silently; a named file must exist.
     if path is not None and not Path(path).expanduser().is_file():
         raise ConfigError(f"cannot read config {path}: no such file")

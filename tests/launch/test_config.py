@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from rlbus.cli import app
 from rlbus.config import ConfigError, load_settings, parse_overrides, settings_variables
+from rlbus.config.runs import RunConfig
 
 
 def test_precedence_toml_env_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,6 +83,29 @@ def test_overrides_parse_nested_and_flags() -> None:
     }
     with pytest.raises(ConfigError, match="unexpected argument"):
         parse_overrides(["stray"])
+
+
+def test_an_entry_of_a_named_section_keeps_its_name_and_its_fields_take_dashes(
+    tmp_path: Path,
+) -> None:
+    """`--envs.reverse-text.weight 2` set the weight of an entry `reverse_text`, a second
+    environment the run never had; `-` is `_` in field names only."""
+    config = tmp_path / "run.toml"
+    config.write_text('[envs.reverse-text]\npath = "a"\n[envs.chain_sum]\npath = "b"\n')
+    overrides = ["--envs.reverse-text.weight", "2", "--envs.chain-sum.weight", "3"]
+    with pytest.raises(ConfigError, match="envs.chain-sum.path: Field required"):
+        load_settings(config, overrides, model=RunConfig)
+    cfg = load_settings(
+        config,
+        [*overrides[:2], "--envs.reverse-text.algorithm.normalize-std", "true"],
+        model=RunConfig,
+    )
+    assert sorted(cfg.envs) == ["chain_sum", "reverse-text"]
+    assert cfg.envs["reverse-text"].weight == 2.0
+    assert cfg.envs["reverse-text"].algorithm.normalize_std
+    assert parse_overrides(["--envs.x-y.overrides.group-size", "4"], RunConfig) == {
+        "envs": {"x-y": {"overrides": {"group_size": "4"}}}
+    }
 
 
 def test_settings_variables_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
