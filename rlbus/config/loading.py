@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, TypeVar, get_args, get_origin
+from typing import Any, TypeGuard, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import (
@@ -66,11 +66,12 @@ def parse_overrides(args: list[str], model: type[BaseModel] | None = None) -> di
 def _keys(parts: list[str], model: type[BaseModel] | None) -> list[str]:
     """The dict keys an override's dotted parts name, following `model`'s fields: a part under a
     dict of sections is an entry's name, kept; any other is a field's, `-` read as `_`."""
-    keys, at = [], model
+    keys: list[str] = []
+    at: Any = model
     for part in parts:
         if _is_model(at):
             key = part.replace("-", "_")
-            field = at.model_fields.get(key)  # pyright: ignore[reportOptionalMemberAccess]
+            field = at.model_fields.get(key)
             at = field.annotation if field is not None else None
         elif get_origin(at) is dict and _is_model(get_args(at)[1]):
             key, at = part, get_args(at)[1]
@@ -80,7 +81,7 @@ def _keys(parts: list[str], model: type[BaseModel] | None) -> list[str]:
     return keys
 
 
-def _is_model(annotation: Any) -> bool:
+def _is_model(annotation: Any) -> TypeGuard[type[BaseModel]]:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
