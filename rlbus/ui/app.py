@@ -23,7 +23,7 @@ from starlette.staticfiles import StaticFiles
 from rlbus.bus.store import StoreError
 from rlbus.ui import charts
 from rlbus.ui.charts import Series, bar_chart, line_chart
-from rlbus.ui.figures import run_figures
+from rlbus.ui.figures import TABLES, run_figures
 from rlbus.ui.graph import trace_svg
 from rlbus.ui.message_view import message_views
 from rlbus.ui.queries import CONSOLE_ROWS, CONSOLE_SECONDS, Queries, RolloutFilters
@@ -47,14 +47,6 @@ REWARD_COLUMNS = (
     "held_out_mean_reward",
     "held_out_pass_rate",
 )
-TABLE_HEADINGS = {
-    "reward": "Reward by version",
-    "envs": "Environments",
-    "pass-at-k": "pass@k",
-    "errors": "Errors by kind",
-    "latency": "Latency (seconds)",
-    "incidents": "Incidents (roles exited or restarted, broker rotations)",
-}
 
 
 class NotFound(Exception):
@@ -135,13 +127,9 @@ class Pages:
             figures=figures,
             tables={
                 "reward": [{k: r[k] for k in REWARD_COLUMNS} for r in reward],
-                "envs": data["envs"],
-                "pass-at-k": data["pass_at_k"],
-                "errors": data["errors"],
-                "latency": data["latency"],
-                "incidents": data["incidents"],
+                **{key: data[key] for key in TABLES if key != "reward"},
             },
-            headings=TABLE_HEADINGS,
+            headings=TABLES,
             others=[r for r in data["run_ids"] if r != run_id][:50],
             version=version,
             versions=data["versions"],

@@ -10,6 +10,18 @@ from typing import Any
 
 from rlbus.ui.charts import Series
 
+TABLES = {
+    "reward": "Reward by version",
+    "envs": "Environments",
+    "pass_at_k": "pass@k",
+    "errors": "Errors by kind",
+    "latency": "Latency (seconds)",
+    "teachers": "Teachers (KL of the policy to each environment's, on its samples, by step)",
+    "incidents": "Incidents (roles exited or restarted, broker rotations)",
+}
+"""A run's tables by the run page's query result each shows, with its heading: the run page
+shows them all, `rlbus report` those after its summary (rlbus.ui.report.REPORTED)."""
+
 HEALTH = ("memory", "lag")
 """The curves of a run's health samples, which only `rlbus run` records: drawn when they have
 data (a run of `rlbus worker` processes never will, and an empty chart would say it might)."""

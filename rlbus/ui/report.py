@@ -20,7 +20,7 @@ from markupsafe import Markup
 
 from rlbus.config.secret import SecretUrl
 from rlbus.ui.charts import format_number
-from rlbus.ui.figures import Figure, run_figures
+from rlbus.ui.figures import TABLES, Figure, run_figures
 from rlbus.ui.queries import Queries
 from rlbus.ui.source import StoreSource
 
@@ -109,12 +109,8 @@ SUMMARY = (
     "first_ts",
     "last_ts",
 )
-TABLES = {
-    "envs": "Environments",
-    "pass_at_k": "pass@k",
-    "errors": "Errors by kind",
-    "incidents": "Incidents (roles exited or restarted, broker rotations)",
-}
+REPORTED = ("envs", "pass_at_k", "errors", "teachers", "incidents")
+"""The run page's tables (rlbus.ui.figures.TABLES) the report holds."""
 
 
 def _cell(value: Any) -> Markup:
@@ -156,8 +152,7 @@ def html_page(
         for figure, image in images.values()
     )
     sections = Markup("").join(
-        Markup("<h2>{}</h2>{}").format(heading, _table(data[key]))
-        for key, heading in TABLES.items()
+        Markup("<h2>{}</h2>{}").format(TABLES[key], _table(data[key])) for key in REPORTED
     )
     facts = [{"": k, "value": summary.get(k)} for k in SUMMARY]
     return str(

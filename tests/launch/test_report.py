@@ -15,6 +15,7 @@ from support.stored_runs import ROTATION, health_events, run_events, store_event
 from typer.testing import CliRunner
 
 from rlbus.commands.report import register
+from rlbus.schemas import TrainBatch
 
 PNG = b"\x89PNG\r\n\x1a\n"
 CURVES = {"reward", "held_out", "loss", "staleness", "drops", "throughput", "weights"}
@@ -80,6 +81,35 @@ def test_what_rlbus_run_sampled_adds_memory_lag_and_incidents(tmp_path: Path) ->
     incidents = page.split("<h2>Incidents")[1]
     assert "broker-rotation" in incidents and html.escape(ROTATION) in incidents
     assert "2023-11-14 22:14:21" in incidents  # 1.7e9 + 61 s, in UTC
+
+
+def test_a_distilled_run_shows_how_close_it_came_to_each_teacher(url: str, tmp_path: Path) -> None:
+    """A student of two teachers (the experts recipe): per environment, the KL of the policy to
+    its teacher over the steps that had one, as the orchestrator put it in each batch."""
+    kl = {"reverse_text": (0.9, 0.6, 0.4), "chain_sum": (1.5, 1.1, 1.2)}
+    batches = [
+        TrainBatch(
+            run_id="student",
+            batch_id=f"b{step}",
+            step=step,
+            metrics={f"teacher_kl.{env}": values[step - 1] for env, values in kl.items()},
+        )
+        for step in (1, 2, 3)
+    ]
+    url = f"chdb://{tmp_path / 'store'}"
+    store_events(url, [*run_events("rl", True), *run_events("student", True), batches])
+    code, output = report(url, "student", "--out", str(tmp_path / "student"))
+    assert code == 0, output
+    page = (tmp_path / "student" / "report.html").read_text()
+    teachers = page.split("<h2>Teachers")[1].split("<h2>")[0]
+    rows = re.findall(r"<tr>(.*?)</tr>", teachers)[1:]
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in rows]
+    assert cells == [
+        ["chain_sum", "3", "1.5", "1.2", "1.1"],
+        ["reverse_text", "3", "0.9", "0.4", "0.4"],
+    ]
+    code, _ = report(url, "rl", "--out", str(tmp_path / "rl"))
+    assert "no rows" in (tmp_path / "rl" / "report.html").read_text().split("<h2>Teachers")[1]
 
 
 def test_an_unknown_run_is_named_with_the_runs_there_are(url: str, tmp_path: Path) -> None:

@@ -69,6 +69,12 @@ RUN_CURVES = {
     "versions": SCORER_VERSIONS,
     "memory": health_curve("rss_mib", "process", "mib"),
     "lag": health_curve("lag", "group", "messages"),
+    "teachers": (
+        "SELECT substring(kl.1, 12) AS env, count() AS steps, argMin(kl.2, step) AS `first KL`, "
+        "argMax(kl.2, step) AS `last KL`, min(kl.2) AS `lowest KL` "
+        f"FROM batches FINAL ARRAY JOIN metrics AS kl {RUN_WHERE} "
+        "AND startsWith(kl.1, 'teacher_kl.') GROUP BY env ORDER BY env"
+    ),
     "incidents": (
         "SELECT formatDateTime(ts, '%Y-%m-%d %H:%i:%S') AS `time (UTC)`, incident, process, detail "
         f"FROM incidents FINAL {RUN_WHERE} ORDER BY ts LIMIT 1000"
