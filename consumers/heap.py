@@ -5,8 +5,10 @@ glibc keeps freed memory in its arenas rather than return it. The sink's polls (
 allocations that live on) left its RSS growing with the largest polls it had seen while the
 engine's own memory stayed flat (tests/store/test_sink_heap.py); a trainer's steps (tensors of
 every batch's shape, from the threads steps run on) left over a GB of free heap held on the tiny
-model (tests/trainer/test_trainer_heap.py). Figures in docs/benchmarks.md. `malloc_trim`
-returns every free page: the sink calls it between polls, the trainer after each step; Arrow's
+model (tests/trainer/test_trainer_heap.py), the built-in engine's batches 64-122 MB
+(tests/inference/test_engine_heap.py). Figures in docs/benchmarks.md. `malloc_trim`
+returns every free page: the sink calls it between polls, the trainer after each step, the
+built-in inference engine when it goes idle and every few seconds while busy; Arrow's
 pool is asked to release its unused memory too. Other C libraries (musl, macOS) have no
 malloc_trim: nothing is done there.
 """
@@ -17,16 +19,16 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
+import sys
 from collections.abc import Callable
-
-import pyarrow as pa
 
 from rlbus.bus.waiting import every
 
 log = logging.getLogger(__name__)
 
 RELEASE_EVERY_S = 5.0
-"""How often the sink returns freed heap: at most a poll or two of memory is held between."""
+"""How often a busy role returns freed heap: the sink, at most a poll or two of memory held
+between; the engine, a few seconds of batches."""
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -44,10 +46,13 @@ CAN_RELEASE = _TRIM is not None
 
 
 def release_free_heap() -> bool:
-    """Return the C heap's free pages to the system; False where the C library cannot."""
+    """Return the C heap's free pages to the system (and Arrow's, in a process that uses
+    Arrow); False where the C library cannot."""
     if _TRIM is None:
         return False
-    pa.default_memory_pool().release_unused()
+    arrow = sys.modules.get("pyarrow")
+    if arrow is not None:
+        arrow.default_memory_pool().release_unused()
     _TRIM(0)
     return True
 

@@ -36,6 +36,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from rlbus.consumers.heap import RELEASE_EVERY_S, release_free_heap
 from rlbus.consumers.inference.adapters import AdapterMerger
 from rlbus.consumers.inference.api import (
     ContextLengthError,
@@ -423,13 +424,21 @@ class Engine:
     # ---- the engine thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        # Every forward pass of the engine runs on this thread, inside this loop.
+        # Every forward pass of the engine runs on this thread, inside this loop. The heap its
+        # batches free goes back on this thread too (between passes, never during one): when it
+        # goes idle, and every few seconds while it is busy (consumers/heap.py).
+        released, worked = time.monotonic(), False
         with torch.inference_mode(), allowed_attention_backends(self._attention_backends):
-            while self._take_inbox(
-                block=not (self._rows or self._waiting or self._scores or self._swap)
-            ):
+            while True:
+                idle = not (self._rows or self._waiting or self._scores or self._swap)
+                if worked and (idle or time.monotonic() - released >= RELEASE_EVERY_S):
+                    release_free_heap()
+                    released, worked = time.monotonic(), False
+                if not self._take_inbox(block=idle):
+                    break
                 try:
                     self._iterate()
+                    worked = True
                 except Exception as exc:  # a failed step must fail its requests, never hang them
                     log.exception("inference step failed; failing the requests it held")
                     self._fail_all(RuntimeError(f"inference step failed: {exc!r}"))
