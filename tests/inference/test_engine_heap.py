@@ -6,12 +6,10 @@ MB/h); the engine now returns it when it goes idle and every few seconds while i
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.held_heap import ANON_MB, held_heap_mb
 
 from rlbus.consumers.heap import CAN_RELEASE
 
@@ -28,10 +26,7 @@ from pathlib import Path
 from rlbus.consumers.inference.engine import Engine, SamplingParams
 from rlbus.consumers.inference.model_init import init_model
 
-def anon_mb():
-    status = Path("/proc/self/status").read_text()
-    return int(re.search(r"RssAnon:\\s+(\\d+)", status)[1]) / 1024
-
+{ANON_MB}
 async def main(root):
     init_model(root / "tiny", seed=0)
     rng = random.Random(0)
@@ -47,20 +42,10 @@ async def main(root):
         print("HEAP", before, anon_mb())
 
 asyncio.run(main(Path(sys.argv[1])))
-"""
+""".replace("{ANON_MB}", ANON_MB)
 """The engine in a process of its own (a heap no other test has used)."""
 
 
 def test_the_engine_returns_the_heap_its_batches_freed(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", SERVE, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path)},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = re.search(r"HEAP ([\d.]+) ([\d.]+)", done.stdout)
-    assert found, done.stdout[-2000:]
-    before, after = float(found[1]), float(found[2])
+    before, after = held_heap_mb(SERVE, tmp_path)
     assert after - before < 25, f"{before:.0f} MB before the requests, {after:.0f} MB after"

@@ -6,12 +6,10 @@ later step; the soak read it as the trainer's +166 MB/h. The role now returns it
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.held_heap import ANON_MB, held_heap_mb
 
 from rlbus.consumers.heap import CAN_RELEASE
 
@@ -36,10 +34,7 @@ from rlbus.consumers.trainer.session import open_session
 from rlbus.schemas import TrainBatch, TrainSample, masks
 from rlbus.schemas.packed import pack_logprobs, pack_mask, pack_tokens
 
-def anon_mb():
-    status = Path("/proc/self/status").read_text()
-    return int(re.search(r"RssAnon:\\s+(\\d+)", status)[1]) / 1024
-
+{ANON_MB}
 class Unheard:
     async def publish(self, event): pass
     async def publish_many(self, events): pass
@@ -65,20 +60,10 @@ async def main(root, steps):
     print("HEAP", before, anon_mb())
 
 asyncio.run(main(Path(sys.argv[1]), int(sys.argv[2])))
-"""
+""".replace("{ANON_MB}", ANON_MB)
 """A trainer role's BatchTrainer in a process of its own (a heap no other test has used)."""
 
 
 def test_the_trainer_returns_the_heap_its_steps_freed(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", TRAIN, str(tmp_path), str(STEPS)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path)},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = re.search(r"HEAP ([\d.]+) ([\d.]+)", done.stdout)
-    assert found, done.stdout[-2000:]
-    before, after = float(found[1]), float(found[2])
+    before, after = held_heap_mb(TRAIN, tmp_path, str(STEPS))
     assert after - before < 150, f"{before:.0f} MB before {STEPS} steps, {after:.0f} MB after"
