@@ -9,10 +9,12 @@ from typing import Any
 
 from rlbus.bus import Bus
 from rlbus.bus.role import RoleSummary
+from rlbus.bus.waiting import unless_stopped
 from rlbus.clients.replicas import Roster
 from rlbus.config import Settings
 from rlbus.environment.loader import Environment
 from rlbus.producers.interception import InterceptionServer, TokenBackend
+from rlbus.producers.interception.backends import renderer_for
 from rlbus.producers.producer import EnvProducer, following
 from rlbus.producers.rollouts import RolloutRunner
 from rlbus.schemas import group_of
@@ -58,9 +60,18 @@ class EnvProducerRole:
         settings, env = self.settings, self.env
         train = env.config.model.mode == "train"
         roster = Roster(settings.kafka.announce_every_s) if train else None
+        renderer = self.renderer
+        if train and renderer is None:
+            # Off the event loop: a stop while the tokenizer loads ends the role at once.
+            renderer = await unless_stopped(
+                lambda: renderer_for(env.config.model), stop, "tokenizer"
+            )
+            if renderer is None:
+                said = "env producer stopped while loading its tokenizer"
+                return RoleSummary(self.name, said, finished=False)
         async with (
             Bus.of(settings) as bus,
-            InterceptionServer.of(env.config, self.renderer, roster) as server,
+            InterceptionServer.of(env.config, renderer, roster) as server,
             following(bus, settings.run_id, roster),
         ):
             producer = self.producer = EnvProducer(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import ModuleType
 
 from starlette.types import ASGIApp
 
@@ -75,22 +76,24 @@ class InferenceRole:
         )
 
     async def run(self, stop: asyncio.Event) -> RoleSummary:
-        import torch
-
-        from rlbus.consumers.inference.service import build_app, build_backend
-
+        # Importing torch and transformers takes seconds (many more under load), and loading the
+        # model longer: both off the event loop, so that a stop (Ctrl-C, SIGTERM) ends the role
+        # at once instead of after them.
+        service = await unless_stopped(_serving_code, stop, "importing")
+        if service is None:
+            return RoleSummary(self.name, "inference stopped while loading", finished=False)
         if self.threads:
+            import torch  # imported with the serving code: at once
+
             torch.set_num_threads(self.threads)
         check_serving_fits(self.model_path, self.backend, self.device, self.vllm)
 
         def load() -> tuple[InferenceBackend, ASGIApp]:
             path, backend = self.model_path, self.backend
             with LOADING:
-                engine = build_backend(path, backend, device=self.device, vllm=self.vllm)
-            return engine, build_app(engine, path)
+                engine = service.build_backend(path, backend, device=self.device, vllm=self.vllm)
+            return engine, service.build_app(engine, path)
 
-        # Off the event loop, so that a stop (Ctrl-C, SIGTERM) ends the role at once instead of
-        # after the load.
         loaded = await unless_stopped(load, stop, "loading")
         if loaded is None:
             return RoleSummary(self.name, "inference stopped while loading", finished=False)
@@ -107,3 +110,10 @@ class InferenceRole:
             follow=not self.frozen,
         )
         return RoleSummary(self.name, f"inference on {self.host}:{self.port} stopped")
+
+
+def _serving_code() -> ModuleType:
+    """The engines and the server (torch and transformers under them)."""
+    from rlbus.consumers.inference import service
+
+    return service

@@ -99,6 +99,20 @@ class EvalBackend:
         await self.chat.close()
 
 
+def renderer_for(config: ModelConfig) -> Any:
+    """Train mode's renderer, from model.tokenizer: seconds to load (transformers imports torch),
+    so a role loads it off its event loop."""
+    if not config.tokenizer:
+        raise ValueError(
+            "train mode needs model.tokenizer (a model directory or hub id) to render prompts"
+        )
+    from transformers import AutoTokenizer
+
+    from rlbus.clients.renderer import make_renderer
+
+    return make_renderer(AutoTokenizer.from_pretrained(config.tokenizer), config.renderer)
+
+
 class TokenBackend:
     mode = "train"
 
@@ -112,20 +126,8 @@ class TokenBackend:
         if not urls and roster is None:
             raise ValueError("train mode needs model.base_url (the inference server's /v1 URL)")
         self.model = config.name
-        self.renderer = renderer or self._renderer(config)
+        self.renderer = renderer or renderer_for(config)
         self.replicas = Replicas(urls, roster or Roster(), config.timeout_s)
-
-    @staticmethod
-    def _renderer(config: ModelConfig) -> Any:
-        if not config.tokenizer:
-            raise ValueError(
-                "train mode needs model.tokenizer (a model directory or hub id) to render prompts"
-            )
-        from transformers import AutoTokenizer
-
-        from rlbus.clients.renderer import make_renderer
-
-        return make_renderer(AutoTokenizer.from_pretrained(config.tokenizer), config.renderer)
 
     def _request(self, call: ModelCall, prior: Prior | None) -> tuple[list[int], SamplingParams]:
         if prior is not None:

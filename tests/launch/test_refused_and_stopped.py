@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from rlbus.config import Settings
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.consumers.inference.sizing import serving_estimate
 from rlbus.consumers.model_size import available_bytes, model_size
+from rlbus.launch import processes
 from rlbus.launch.processes import RoleProcess
 
 REFUSED_WITHIN_S = 60.0
@@ -33,6 +35,8 @@ REFUSED_WITHIN_S = 60.0
 assertion: what is asserted is that no weight is read. Unloaded here it refuses in 3.5-4.6 s; under
 CI's load (four test workers on two cores) it took 11 s, most of it importing torch."""
 STOPPED_WITHIN_S = 10.0
+NOWHERE = "http://127.0.0.1:9/v1"
+"""An inference URL where nothing answers: the producer is stopped before it calls one."""
 
 
 LLAMA_70B = {
@@ -220,3 +224,54 @@ def test_a_loading_rlbus_run_stops_with_every_role_within_10_s(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
+
+
+@pytest.mark.slow
+def test_worker_env_stops_at_once_while_loading_its_tokenizer(
+    settings: Settings, smollm2_dir: Path, tmp_path: Path
+) -> None:
+    """A train-mode env producer loads its tokenizer (transformers, torch under it: seconds, many
+    more under load) before it takes a task. SIGTERM meanwhile ends it then, not after the load:
+    on the event loop the load held back the stop, and a run stopped while starting had its env
+    killed at the launcher's grace (CI of f149be7: roles gone 9.4 s after SIGTERM)."""
+    args = [str(EXAMPLE), "--mode", "train", "--tokenizer", str(smollm2_dir)]
+    env = RoleProcess("env", settings, tmp_path / "logs", [*args, "--base-url", NOWHERE])
+    try:
+        wait_for(
+            lambda: said(env.log_path, "env producer reverse_text"),
+            120,
+            "the env producer to say what it runs",
+            interval_s=0.02,
+            check=processes.alive(env),
+        )
+        signalled = time.monotonic()
+        env.terminate()
+        code = env.proc.wait(STOPPED_WITHIN_S)
+        seconds = time.monotonic() - signalled
+    finally:
+        if env.alive():
+            env.kill()
+    log = env.log_path.read_text()
+    assert code == 0 and "env producer stopped while loading its tokenizer" in log, log[-3000:]
+    print(f"rlbus worker env stopped {seconds:.1f}s after SIGTERM, while loading its tokenizer")
+
+
+def test_an_rlbus_process_skips_the_interpreters_last_collection(tmp_path: Path) -> None:
+    """The last full collection of a process holding torch took 0.75 s (seconds under load) for
+    each role and the launcher, and with it a stopped run took 4-5 s where it now takes 1-1.5 s.
+    A cycle left to the end would be collected there (its __del__ says so); in a process that
+    imported the rlbus command, it goes with the process."""
+    script = (
+        "import sys\n"
+        "if sys.argv[1] == 'rlbus': import rlbus.cli\n"
+        "class Cycle:\n"
+        "    def __del__(self): print('collected at exit')\n"
+        "cycle = Cycle(); cycle.me = cycle; del cycle\n"
+    )
+    said = {
+        how: subprocess.run(
+            [sys.executable, "-c", script, how], capture_output=True, text=True, check=True
+        ).stdout
+        for how in ("plain", "rlbus")
+    }
+    assert said == {"plain": "collected at exit\n", "rlbus": ""}, said
