@@ -4,7 +4,7 @@ An environment written for another framework (a verifiers V1 package, an OpenEnv
 Harbor environment, or one of rlbus's own) brings pins that need not agree with rlbus's, so each
 goes into a venv of its own: `DATA_DIR/envs/NAME`, NAME the distribution's normalized name (PEP
 503), made with `python -m venv` and filled by that venv's pip (the package and its own
-dependencies; nothing of rlbus's environment is visible to it). Beside the venv's files,
+dependencies, not byte-compiled ahead; nothing of rlbus's environment is visible to it). Beside the venv's files,
 `rlbus-env.json` records the spec, the distribution and its version, the venv's Python, when,
 and the importable modules the distribution provides (its top_level.txt, else its RECORD, read
 by the venv's own python). A directory without that record is a leftover and is replaced.
@@ -240,8 +240,11 @@ def install_env(
         report = venv / ".rlbus-pip-report.json"
         say(f"pip install {given}")
         pip = [str(venv_python(venv)), "-m", "pip", "install", "--disable-pip-version-check"]
+        # --no-compile, as uv installs by default: only what the environment imports gets
+        # compiled, on first use. OpenEnv's 103 packages (gradio, pandas) installed in 28 s
+        # instead of 46.
         run_passed(
-            [*pip, "--no-input", "--report", str(report), *index_args, given],
+            [*pip, "--no-input", "--no-compile", "--report", str(report), *index_args, given],
             f"environment {name!r}: pip could not install {spec}",
         )
         requested = [
