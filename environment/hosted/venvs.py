@@ -4,10 +4,11 @@ An environment written for another framework (a verifiers V1 package, an OpenEnv
 Harbor environment, or one of rlbus's own) brings pins that need not agree with rlbus's, so each
 goes into a venv of its own: `DATA_DIR/envs/NAME`, NAME the distribution's normalized name (PEP
 503), made with `python -m venv` and filled by that venv's pip (the package and its own
-dependencies, not byte-compiled ahead; nothing of rlbus's environment is visible to it). Beside the venv's files,
-`rlbus-env.json` records the spec, the distribution and its version, the venv's Python, when,
-and the importable modules the distribution provides (its top_level.txt, else its RECORD, read
-by the venv's own python). A directory without that record is a leftover and is replaced.
+dependencies, not byte-compiled ahead; nothing of rlbus's environment is visible to it). Beside
+the venv's files, `rlbus-env.json` records the spec, the distribution and its version, the
+venv's Python, when, and the importable modules the distribution provides (its top_level.txt,
+else its RECORD, read by the venv's own python). A directory without that record is a leftover
+and is replaced.
 
 pip and the package's build run with an allow-listed environment (`PASSED`): rlbus's settings
 and secrets (RLBUS_*, API keys) are not passed on. A spec pip cannot install leaves nothing
