@@ -79,9 +79,10 @@ class InferenceRole:
         # Importing torch and transformers takes seconds (many more under load), and loading the
         # model longer: both off the event loop, so that a stop (Ctrl-C, SIGTERM) ends the role
         # at once instead of after them.
+        stopped = RoleSummary(self.name, "inference stopped while loading", finished=False)
         service = await unless_stopped(_serving_code, stop, "importing")
         if service is None:
-            return RoleSummary(self.name, "inference stopped while loading", finished=False)
+            return stopped
         if self.threads:
             import torch  # imported with the serving code: at once
 
@@ -96,7 +97,7 @@ class InferenceRole:
 
         loaded = await unless_stopped(load, stop, "loading")
         if loaded is None:
-            return RoleSummary(self.name, "inference stopped while loading", finished=False)
+            return stopped
         engine, app = loaded
         await serve_following_weights(
             self.settings,

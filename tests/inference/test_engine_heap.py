@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.held_heap import ANON_MB, held_heap_mb
+from support.held_heap import held_heap_mb
 
 from rlbus.consumers.heap import CAN_RELEASE
 
@@ -21,12 +21,11 @@ pytestmark = [
 ]
 
 SERVE = """
-import asyncio, random, re, sys
+import asyncio, random, sys
 from pathlib import Path
 from rlbus.consumers.inference.engine import Engine, SamplingParams
 from rlbus.consumers.inference.model_init import init_model
 
-{ANON_MB}
 async def main(root):
     init_model(root / "tiny", seed=0)
     rng = random.Random(0)
@@ -42,7 +41,7 @@ async def main(root):
         print("HEAP", before, anon_mb())
 
 asyncio.run(main(Path(sys.argv[1])))
-""".replace("{ANON_MB}", ANON_MB)
+"""
 """The engine in a process of its own (a heap no other test has used)."""
 
 

@@ -1,6 +1,6 @@
 """The anonymous memory a script's work leaves its process holding, read in a fresh process: a
-heap no other test has used. The script prints `HEAP BEFORE_MB AFTER_MB` (`ANON_MB` reads the
-figure there)."""
+heap no other test has used. The script calls `anon_mb()` (defined ahead of it here) and prints
+`HEAP BEFORE_MB AFTER_MB`."""
 
 from __future__ import annotations
 
@@ -9,18 +9,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-ANON_MB = """
+_ANON_MB = """
+import re
+from pathlib import Path
+
 def anon_mb():
     status = Path("/proc/self/status").read_text()
     return int(re.search(r"RssAnon:\\s+(\\d+)", status)[1]) / 1024
 """
-"""A function the scripts define: this process's anonymous RSS in MB."""
+"""Run ahead of each script: `anon_mb()`, its process's anonymous RSS in MB."""
 
 
 def held_heap_mb(script: str, tmp_path: Path, *args: str) -> tuple[float, float]:
     """(before, after) in MB, as the script printed them; it runs with `tmp_path` and `args`."""
     done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path), *args],
+        [sys.executable, "-c", _ANON_MB + script, str(tmp_path), *args],
         capture_output=True,
         text=True,
         timeout=600,
