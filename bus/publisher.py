@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -20,6 +22,24 @@ from rlbus.bus.partitioner import partition_of
 from rlbus.bus.records import Headers, events_by_message, to_batch_message
 from rlbus.config import KafkaConfig
 from rlbus.schemas import Event, topic_of
+
+
+@dataclass(slots=True)
+class Sending:
+    """Whether a handler's outputs began to go out. Once they have, a stop lets the handler
+    finish (bus.subscribers): what it sent reaches the broker anyway, as the producer flushes
+    when it closes, and its event, run again, would publish other content under the same ids."""
+
+    begun: bool = False
+
+
+SENDING: ContextVar[Sending | None] = ContextVar("rlbus_sending", default=None)
+"""The running handler's Sending, in a subscriber's handler task; None elsewhere."""
+
+
+def _begin_sending() -> None:
+    if (sending := SENDING.get()) is not None:
+        sending.begun = True
 
 
 class Topics:
@@ -108,6 +128,7 @@ class Publisher:
         current one), so events published together still join their own rollouts' traces; a
         message is published in its first event's."""
         producer = self._started()
+        _begin_sending()
         for event in events:
             if not event.run_id:
                 event.run_id = self.run_id
@@ -141,6 +162,7 @@ class Publisher:
     ) -> None:
         """Publish bytes as they are (tests, bridges); `topic` is unprefixed."""
         producer = self._started()
+        _begin_sending()
         await self.topics.ensure([topic])
         meta = await producer.send_and_wait(
             self.topics.name(topic), value, key=key, headers=headers or []

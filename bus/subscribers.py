@@ -9,8 +9,10 @@ A `BatchSubscriber` hands over one poll at a time (the sink, the judge, the orch
 `EventSubscriber` one event at a time, up to `concurrency` at once (env producers). Either way a
 partition is committed only up to its oldest message still running or held
 (`Delivery.hold()`), after the handler's outputs were published or stored: a crash redelivers
-what was not finished. FastStream acknowledges message by message, so it has no committed
-prefix with holds; users' own consumers use FastStream, the core roles these classes.
+what was not finished. At a stop, an event handler is cancelled unless its outputs began to go
+out (bus.publisher.Sending): then it finishes and commits. FastStream acknowledges message by
+message, so it has no committed prefix with holds; users' own consumers use FastStream, the core
+roles these classes.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from rlbus.bus.connection import client_options
 from rlbus.bus.membership import group_options, leave_first_generation, session_refused
 from rlbus.bus.middleware import DeadLetters, SeenIds, traced
 from rlbus.bus.progress import PartitionProgress
+from rlbus.bus.publisher import SENDING, Sending
 from rlbus.bus.records import from_record
 from rlbus.schemas import BY_NAME, Event
 
@@ -377,7 +380,7 @@ class EventSubscriber(Subscriber[EventHandler]):
     async def _consume(
         self, consumer: AIOKafkaConsumer, offsets: Offsets, stop: asyncio.Event
     ) -> None:
-        running: set[asyncio.Task[None]] = set()
+        running: dict[asyncio.Task[None], Sending] = {}
         finished = False
         """Something settled since the last commit: the commit can move on."""
         committing = asyncio.Lock()
@@ -390,8 +393,9 @@ class EventSubscriber(Subscriber[EventHandler]):
                     finished = False
                     await self._commit(offsets)
 
-        async def run(record: ConsumerRecord, d: Delivery) -> None:
+        async def run(record: ConsumerRecord, d: Delivery, sending: Sending) -> None:
             nonlocal finished
+            SENDING.set(sending)  # this task's own context: the publisher marks it
             try:
                 await self._until_the_broker_takes_it(self.handler, d)
             except Exception as exc:
@@ -407,7 +411,7 @@ class EventSubscriber(Subscriber[EventHandler]):
 
         async def settle() -> None:
             for task in [t for t in running if t.done()]:
-                running.discard(task)
+                del running[task]
                 task.result()  # on_error="stop": stop the consumer, uncommitted
             await commit()
 
@@ -432,11 +436,17 @@ class EventSubscriber(Subscriber[EventHandler]):
                 good, skipped = self._decode(polled, offsets.holds)
                 for record, d in good:
                     offsets.holds.add(d.topic, d.partition, d.offset)
-                    running.add(asyncio.create_task(run(record, d)))
+                    sending = Sending()
+                    running[asyncio.create_task(run(record, d, sending))] = sending
                 offsets.taken(polled)
                 finished = finished or skipped  # dead letters and duplicates move the commit too
             await settle()
         finally:
+            # A handler whose outputs began to go out finishes and commits (Sending); the others
+            # are cancelled with their holds kept, and run again by whoever consumes next.
+            sent = [task for task, sending in running.items() if sending.begun]
+            if sent:
+                await asyncio.wait(sent, timeout=STOP_TIMEOUT_S)
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)

@@ -237,3 +237,41 @@ async def test_a_restarted_event_subscriber_runs_only_what_it_had_not_finished(
         await asyncio.sleep(1)  # anything else would have come by now
     assert sorted(first, key=int) == [str(i) for i in range(21) if i != 3]
     assert again == ["3"]
+
+
+async def test_a_handler_stopped_while_publishing_is_let_finish_and_never_runs_again(
+    settings: Settings,
+) -> None:
+    """A stop that comes while a handler waits for its outputs' acknowledgements lets it finish
+    and commit: what it began to send goes out anyway (the producer flushes as it closes), so
+    cancelling it there left its event uncommitted, and a restart ran it again under the same
+    output ids with new content (32 conflicts in a broker handover run, CI of 896f71c)."""
+    from rlbus.bus.topic_reader import read_records
+    from rlbus.schemas import RolloutCompleted
+
+    outputs = [
+        RolloutScored(rollout_id=str(i), group_id="g", task_id="t", env="e", reward=1.0)
+        for i in range(300)
+    ]
+    async with Bus.of(settings) as bus:
+        await bus.publish(RolloutCompleted(rollout_id="in", group_id="g", task_id="t", env="e"))
+        await bus.ensure_topics(["scored"])  # the stop comes as outputs are sent, not before
+        runs = 0
+        stop = asyncio.Event()
+
+        async def publish_as_the_stop_comes(d: Delivery) -> None:
+            nonlocal runs
+            runs += 1
+            stop.set()  # seen at the subscriber's next poll, 1 ms on: while this publishes
+            await bus.publish_many(outputs)
+
+        consume = bus.subscriber("rollouts", group="env", poll_timeout_ms=1)(
+            publish_as_the_stop_comes
+        )
+        await asyncio.wait_for(consume.run(stop), 60)
+        restarted_stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(3, restarted_stop.set)  # a redelivery comes by then
+        restarted = bus.subscriber("rollouts", group="env")(publish_as_the_stop_comes)
+        await asyncio.wait_for(restarted.run(restarted_stop), 60)
+        published = await read_records(bus, "scored")
+    assert (runs, len(published)) == (1, len(outputs))
