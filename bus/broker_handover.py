@@ -74,9 +74,9 @@ async def hand_over(old: KafkaConfig, new: KafkaConfig) -> Handover:
         for tp in every:
             partitions.setdefault(tp.topic, []).append(tp)
         committed = await lag.committed(every)
-        starts = await reader.beginning_offsets(every) if every else {}
+        starts = await lag.starts(every) if every else {}
         # One request for every end: asked per partition, an empty one takes Tansu 0.5 s.
-        ends = await reader.end_offsets(every) if every else {}
+        ends = await lag.reported_ends(every) if every else {}
         spans = {tp: (starts[tp], ends[tp]) for tp in every}
         lows = _lows(old.topic_prefix, partitions, committed, starts)
         done = Handover(groups=len(committed))

@@ -57,10 +57,28 @@ class Lag:
             for p in described["partitions"]
         ]
 
+    def _following(self, tps: list[TopicPartition]) -> AIOKafkaConsumer:
+        """The reader, assigned `tps`, so that one metadata fetch covers all their topics.
+        Asked for offsets on topics its metadata lacks, aiokafka's reader fetches metadata for
+        one more of them per round trip: on a broker of hundreds of topics, past its 40 s."""
+        self.reader.assign(tps)
+        return self.reader
+
+    async def reported_ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Each partition's end offset as the broker reports it (see `ends`)."""
+        return await self._following(tps).end_offsets(tps)
+
+    async def starts(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Each partition's oldest offset still held."""
+        return {
+            tp: start or 0
+            for tp, start in (await self._following(tps).beginning_offsets(tps)).items()
+        }
+
     async def ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         """Each partition's end offset. Tansu 0.6 reports the first offset of a partition's
         last batch + 1 as its end, so that batch is fetched and its last offset taken."""
-        reported = await self.reader.end_offsets(tps)
+        reported = await self.reported_ends(tps)
         ends = dict(reported)
         fetch = [tp for tp in tps if reported[tp] > 0]
         self.reader.assign(fetch)
@@ -116,9 +134,7 @@ class Lag:
         }
         # Ends after commits: a commit read later than an end could pass it.
         ends = await self.ends(every)
-        starts = {
-            tp: start or 0 for tp, start in (await self.reader.beginning_offsets(every)).items()
-        }
+        starts = await self.starts(every)
         out: dict[str, dict[str, Behind]] = {}
         for group, offsets in committed.items():
             # A partition of a topic the group committed in, with no commit yet, is behind by

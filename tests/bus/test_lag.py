@@ -7,14 +7,22 @@ import asyncio
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from aiokafka import TopicPartition
+import pytest
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from support.isolated import isolated_settings
 from support.sinks import publish
 
+from rlbus.bus import EmbeddedBroker
 from rlbus.bus.broker_handover import commit_offsets
 from rlbus.bus.lag import Lag
 from rlbus.config import Settings, settings_variables
 from rlbus.schemas import TrainStep
+
+TOPIC_NAMES = ("tasks", "rollouts", "trace-nodes", "tokens", "scored", "batches", "weights")
+TOPIC_NAMES += ("steps", "dlq", "health")
 
 
 async def commit(settings: Settings, group: str, offsets: dict[TopicPartition, int]) -> None:
@@ -67,3 +75,47 @@ def test_rlbus_topics_counts_what_a_batch_put_on_the_broker_and_who_is_behind(
     steps = settings.kafka.topic_prefix + "steps"
     assert [steps, str(settings.kafka.partitions), "10"] in rows, shown.stdout
     assert [settings.kafka.topic_prefix + "trainer.r", "steps", "4", "6"] in rows, shown.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_rlbus_topics_answers_on_a_broker_of_many_topics_most_of_them_empty(
+    tmp_path: Path,
+) -> None:
+    """A broker of 600 topics, one in six holding a message (the test suite's session broker,
+    a shared cluster). Asked for offsets of topics missing from its metadata, aiokafka's reader
+    fetches metadata for one more topic per round trip: after the reader had been pointed at the
+    topics holding messages, `rlbus topics` gave up after 40 s on the empty ones
+    ("KafkaTimeoutError: Failed to get offsets by times", CI of 896f71c)."""
+    names = [f"other{i}.{topic}" for i in range(60) for topic in TOPIC_NAMES]
+
+    async def fill(bootstrap: str) -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            for start in range(0, len(names), 100):
+                await admin.create_topics([NewTopic(n, 2, 1) for n in names[start : start + 100]])
+        finally:
+            await admin.close()
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+        await producer.start()
+        try:
+            for name in names[::6]:
+                await producer.send(name, b"event")
+        finally:
+            await producer.stop()
+
+    with EmbeddedBroker(log_path=tmp_path / "tansu.log") as broker:
+        asyncio.run(fill(broker.bootstrap_servers))
+        settings = isolated_settings(broker, tmp_path)
+        shown = subprocess.run(
+            [sys.executable, "-m", "rlbus", "topics"],
+            env={**os.environ, **settings_variables(settings), "COLUMNS": "200"},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in shown.stdout.splitlines()]
+    assert ["other0.tasks", "2", "1"] in rows, shown.stdout[-2000:]
+    assert ["other59.steps", "2", "0"] in rows, shown.stdout[-2000:]
