@@ -88,12 +88,20 @@ class InferenceClient:
         raise InferenceError(f"inference {url} ended its stream without a result")
 
     async def score(
-        self, prompt_ids: list[int], completion_ids: list[int], temperature: float
+        self,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        temperature: float,
+        model: str | None = None,
     ) -> list[float]:
-        """Log-probs of `completion_ids` after `prompt_ids`, one per completion token."""
+        """Log-probs of `completion_ids` after `prompt_ids`, one per completion token, by the
+        server's model or the adapter `model` names."""
         try:
             request = ScoreRequest(
-                prompt_ids=prompt_ids, completion_ids=completion_ids, temperature=temperature
+                prompt_ids=prompt_ids,
+                completion_ids=completion_ids,
+                temperature=temperature,
+                model=model,
             )
         except ValueError as exc:  # what the server would answer with 400
             raise InferenceError(f"{self.base_url}/score: {exc}", 400) from None

@@ -40,7 +40,7 @@ class AdapterMerger:
             )
         modules = adapted_modules(set(tensors))
         params = dict(self.model.named_parameters())
-        problems = _misfits(tensors, modules, params)
+        problems = misfits(tensors, modules, params)
         if problems:
             raise CheckpointError(
                 f"LoRA deltas of weights version {version} do not fit the served model: "
@@ -66,7 +66,7 @@ class AdapterMerger:
         return out
 
 
-def _misfits(
+def misfits(
     tensors: dict[str, torch.Tensor], modules: list[str], params: dict[str, torch.nn.Parameter]
 ) -> list[str]:
     """What keeps a delta file from fitting the model, at most a few of each kind."""

@@ -80,8 +80,17 @@ class InferenceBackend(Protocol):
         """Deltas as tokens are sampled, then the GenerateResult (with text) as the last item."""
         ...
 
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters `score` takes by name (the built-in engine's add_adapter)."""
+        ...
+
     async def score(
-        self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0
+        self,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        temperature: float = 1.0,
+        adapter: str | None = None,
     ) -> ScoreResult: ...
     async def load_weights(self, uri: str, version: int) -> float:
         """Load a checkpoint, serve it as `version` from the next step; return seconds taken."""

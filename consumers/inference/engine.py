@@ -2,8 +2,9 @@
 
 Requests arrive from asyncio (the HTTP server, the bus worker, tests); one engine thread
 owns the model and, at every iteration, (1) applies a pending weight swap, (2) scores waiting
-`score` requests, (3) runs one decode step for every running sequence at once and (4)
-prefills newly arrived sequences and merges them into the running batch. Torch releases
+`score` requests (each under the LoRA adapter it names, if any: served_adapters.py), (3) runs
+one decode step for every running sequence at once and (4) prefills newly arrived sequences and
+merges them into the running batch. Torch releases
 the GIL inside its kernels, so the event loop keeps serving while the model runs.
 
 Weight reload and in-flight requests: a swap happens between two steps. Running sequences
@@ -61,6 +62,7 @@ from rlbus.consumers.inference.checkpoint_reader import match_parameters, read_c
 from rlbus.consumers.inference.detok import TextStream
 from rlbus.consumers.inference.packed_linear import pack_linears
 from rlbus.consumers.inference.sampling import RowSettings, sample
+from rlbus.consumers.inference.served_adapters import ServedAdapters
 from rlbus.consumers.inference.sizing import MAX_PREFILL_TOKENS
 
 log = logging.getLogger(__name__)
@@ -146,6 +148,7 @@ class _ScoreJob:
     ids: list[int]
     prompt_len: int
     temperature: float
+    adapter: str | None
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
 
@@ -210,6 +213,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._swap_lock = asyncio.Lock()
         self._adapters = AdapterMerger(model)
+        self._served = ServedAdapters(model)
         self._counters = _Counters()
         # Owned by the engine thread from here on.
         self._waiting: deque[_Sequence] = deque()
@@ -359,11 +363,30 @@ class Engine:
             if not done:
                 seq.aborted = True
 
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The adapters it scores with (add_adapter), by name."""
+        return self._served.names
+
+    def add_adapter(self, name: str, uri: str) -> None:
+        """Score with the LoRA deltas at `uri` when a request names `name`, besides the weights
+        as loaded (served_adapters.py); before start. CheckpointError when they do not fit."""
+        if self._thread is not None:
+            raise RuntimeError("adapters are added before the engine starts")
+        self._served.add(name, uri)
+
     async def score(
-        self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0
+        self,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        temperature: float = 1.0,
+        adapter: str | None = None,
     ) -> ScoreResult:
         if self._thread is None:
             raise RuntimeError("engine is not started")
+        if adapter is not None and adapter not in self._served.names:
+            served = ", ".join(self._served.names) or "none"
+            raise RequestError(f"no adapter {adapter!r} here; adapters served: {served}")
         check_prompt(prompt_ids, self._vocab_size, self._max_context)
         ids = list(prompt_ids) + list(completion_ids)
         if len(ids) > self._max_context:
@@ -373,7 +396,7 @@ class Engine:
             )
         check_vocab(completion_ids, self._vocab_size, "completion_ids")
         loop = asyncio.get_running_loop()
-        job = _ScoreJob(ids, len(prompt_ids), temperature, loop, loop.create_future())
+        job = _ScoreJob(ids, len(prompt_ids), temperature, adapter, loop, loop.create_future())
         self._inbox.put(job)
         return await job.future
 
@@ -488,13 +511,19 @@ class Engine:
 
     def _run_scores(self) -> None:
         jobs, self._scores = self._scores, []
-        for chunk in self._chunks(jobs):
-            try:
-                self._score_chunk(chunk)
-            except Exception as exc:  # fails these scores only; running generations go on
-                log.exception("scoring %d requests failed", len(chunk))
-                for job in chunk:
-                    _post(job.loop, _fail, job.future, RuntimeError(f"scoring failed: {exc!r}"))
+        by_adapter: dict[str | None, list[_ScoreJob]] = {}
+        for job in jobs:
+            by_adapter.setdefault(job.adapter, []).append(job)
+        for adapter, scored in by_adapter.items():
+            with self._served.applied(adapter):
+                for chunk in self._chunks(scored):
+                    try:
+                        self._score_chunk(chunk)
+                    except Exception as exc:  # fails these scores only; generations go on
+                        log.exception("scoring %d requests failed", len(chunk))
+                        for job in chunk:
+                            failed = RuntimeError(f"scoring failed: {exc!r}")
+                            _post(job.loop, _fail, job.future, failed)
 
     def _score_chunk(self, jobs: list[_ScoreJob]) -> None:
         width = max(len(j.ids) for j in jobs)

@@ -50,6 +50,7 @@ class InferenceRole:
         url: str | None = None,
         vllm: VLLMConfig | None = None,
         frozen: bool = False,
+        adapters: dict[str, str] | None = None,
     ):
         self.settings = settings
         self.model_path = model_path
@@ -60,6 +61,8 @@ class InferenceRole:
         self.url = url or advertised_url(host, port)
         self.vllm = vllm
         self.frozen = frozen
+        self.adapters = adapters or {}
+        """LoRA adapters it also scores with, {name: weights file URI} (served_adapters.py)."""
 
     def groups(self) -> list[str]:
         return [] if self.frozen else [weights_group(self.settings.run_id, self.worker_id)]
@@ -70,9 +73,10 @@ class InferenceRole:
             if self.frozen
             else f"following weights of run {self.settings.run_id!r}"
         )
+        adapters = f", scoring with adapters {', '.join(self.adapters)}" if self.adapters else ""
         return (
             f"inference {Path(self.model_path).name} ({self.backend} on {self.device}) at "
-            f"http://{self.host}:{self.port}/v1, {following}"
+            f"http://{self.host}:{self.port}/v1, {following}{adapters}"
         )
 
     async def run(self, stop: asyncio.Event) -> RoleSummary:
@@ -92,7 +96,9 @@ class InferenceRole:
         def load() -> tuple[InferenceBackend, ASGIApp]:
             path, backend = self.model_path, self.backend
             with LOADING:
-                engine = service.build_backend(path, backend, device=self.device, vllm=self.vllm)
+                engine = service.build_backend(
+                    path, backend, device=self.device, vllm=self.vllm, adapters=self.adapters
+                )
             return engine, service.build_app(engine, path)
 
         loaded = await unless_stopped(load, stop, "loading")

@@ -6,6 +6,7 @@ Routes
   POST /v1/generate               {prompt_ids, sampling} -> ids, log-probs, finish, versions
                                   (stream: `delta` events as tokens are sampled, then `result`)
   POST /v1/score                  {prompt_ids, completion_ids} -> completion log-probs (prefill)
+                                  (`model`: one of the LoRA adapters it serves, or the model)
   POST /v1/weights                {uri, version} -> load a checkpoint now (what the bus worker does)
   GET  /v1/stats, /metrics        engine figures (mean batch size, tokens, versions) as JSON
   GET  /health
@@ -161,12 +162,21 @@ class InferenceAPI:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.names:
+            adapters = self.backend.adapters
+            scoring = f" (and scores with adapters {', '.join(adapters)})" if adapters else ""
             raise UnknownModelError(
-                f"model {model!r} does not exist; this server serves {self.model_name!r}"
+                f"model {model!r} does not exist; this server serves {self.model_name!r}" + scoring
             )
 
+    def adapter_of(self, model: str | None) -> str | None:
+        """The adapter a score request names as its `model`; None for the served model."""
+        if model in self.backend.adapters:
+            return model
+        self.check_model(model)
+        return None
+
     async def models(self, request: Request) -> Response:
-        return _json(wire.model_list([self.model_name], self.created))
+        return _json(wire.model_list([self.model_name, *self.backend.adapters], self.created))
 
     async def health(self, request: Request) -> Response:
         return _json({"status": "ok", "policy_version": self.backend.policy_version})
@@ -198,8 +208,10 @@ class InferenceAPI:
 
     async def score(self, request: Request) -> Response:
         req = msgspec.json.decode(await request.body(), type=ScoreRequest)
-        self.check_model(req.model)
-        result = await self.backend.score(req.prompt_ids, req.completion_ids, req.temperature)
+        adapter = self.adapter_of(req.model)
+        result = await self.backend.score(
+            req.prompt_ids, req.completion_ids, req.temperature, adapter
+        )
         return _json(result, headers={VERSION_HEADER: str(result.policy_version)})
 
     async def weights(self, request: Request) -> Response:

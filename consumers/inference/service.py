@@ -22,16 +22,23 @@ def build_backend(
     policy_version: int = 0,
     seed: int = 0,
     vllm: VLLMConfig | None = None,
+    adapters: dict[str, str] | None = None,
 ) -> InferenceBackend:
-    """The engine for `model_path`: the built-in one (fp32 on a CPU, bf16 on a GPU) or vLLM
-    with its engine settings `vllm`."""
+    """The engine for `model_path`: the built-in one (fp32 on a CPU, bf16 on a GPU), also
+    scoring with `adapters` ({name: LoRA weights URI}), or vLLM with its engine settings
+    `vllm`."""
     if backend == "hf":
         from rlbus.consumers.inference.engine import Engine
 
         dtype = getattr(torch, engine_dtype(device))
-        return Engine.from_pretrained(
+        engine = Engine.from_pretrained(
             model_path, device=device, dtype=dtype, policy_version=policy_version, seed=seed
         )
+        for name, uri in (adapters or {}).items():
+            engine.add_adapter(name, uri)
+        return engine
+    if adapters:
+        raise ValueError(f"the {backend} backend serves no adapters; --backend hf does")
     if backend == "vllm":
         # Imported here so that the package never needs vLLM unless asked for.
         from rlbus.consumers.inference.vllm_backend import VLLMBackend

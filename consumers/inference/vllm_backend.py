@@ -454,11 +454,21 @@ class VLLMBackend:
                 self._count(result)
                 yield result
 
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        return ()  # rlbus serves LoRA teachers on the built-in engine (served_adapters.py)
+
     async def score(
-        self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0
+        self,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        temperature: float = 1.0,
+        adapter: str | None = None,
     ) -> ScoreResult:
         from vllm import SamplingParams as VLLMSamplingParams  # pyright: ignore[reportMissingImports]  # its own venv
 
+        if adapter is not None:
+            raise RequestError(f"the vLLM backend serves no adapters here (asked for {adapter!r})")
         if temperature != 1.0:
             # vLLM's prompt log-probs are untempered, and rescaling them is not what vLLM computes.
             raise RequestError("the vLLM backend scores at temperature 1.0 only")

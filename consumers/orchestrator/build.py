@@ -46,7 +46,8 @@ def build_orchestrator(bus: Bus, cfg: RunConfig, base_dir: Path) -> Orchestrator
     algorithms = {}
     urls = teacher_urls(cfg)
     for name, entry in cfg.envs.items():
-        teacher = PatientTeacher(urls[name]) if name in urls else None
+        model = entry.algorithm.teacher_model or None
+        teacher = PatientTeacher(urls[name], model) if name in urls else None
         ctx = Context(teacher=teacher, encode=encode)
         algorithms[name] = make_algorithm(entry.algorithm, ctx)
     o = cfg.orchestrator

@@ -49,8 +49,10 @@ class PatientTeacher:
     """A teacher's client whose scoring waits, up to TEACHER_WAIT_S, through the teacher being
     gone or loading, then scores; any other error is the caller's."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, model: str | None = None):
         self.client = InferenceClient(url)
+        self.model = model
+        """The adapter the teacher is, on a server that serves several (teacher_model)."""
 
     async def score(
         self, prompt_ids: list[int], completion_ids: list[int], temperature: float
@@ -59,7 +61,7 @@ class PatientTeacher:
         said = False
         while True:
             try:
-                return await self.client.score(prompt_ids, completion_ids, temperature)
+                return await self.client.score(prompt_ids, completion_ids, temperature, self.model)
             except InferenceError as exc:
                 if exc.status not in GONE or time.monotonic() > deadline:
                     raise

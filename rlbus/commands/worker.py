@@ -153,12 +153,21 @@ def inference(
             'teacher; `rlbus run` starts one for each `teacher = "run:RUN_ID@VERSION"`).'
         ),
     ] = False,
+    adapter: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=URI: also score with the LoRA deltas at URI (a LoRA run's weights file) "
+            "when a /v1/score request names NAME as its model; repeatable; with --frozen (LoRA "
+            "teachers of one base on one engine)."
+        ),
+    ] = None,
     config: ConfigOption = None,
 ) -> None:
     """Serve a model (OpenAI chat completions, token-in/token-out generate, score) and load
     every WeightVersion of the run as it is published. With no broker configured or announced,
     it starts one for as long as it serves (a model server is often the first thing started)."""
     require_train_extra("rlbus worker inference")
+    adapters = adapter_options(adapter or [], frozen, backend)
     loaded = settings_from(ctx, config, InferenceSettings)
     if backend == "vllm":
         in_engine_environment(loaded.inference.python)
@@ -181,7 +190,27 @@ def inference(
                 url=url,
                 vllm=vllm,
                 frozen=frozen,
+                adapters=adapters,
             )
+
+
+def adapter_options(given: list[str], frozen: bool, backend: BackendKind) -> dict[str, str]:
+    """`--adapter NAME=URI` options as {NAME: URI}, or the option's error."""
+    if given and not frozen:
+        raise typer.BadParameter(
+            "adapters are LoRA deltas over the model as loaded: serve them with --frozen",
+            param_hint="--adapter",
+        )
+    if given and backend != "hf":
+        raise typer.BadParameter("adapters are served by --backend hf", param_hint="--adapter")
+    adapters: dict[str, str] = {}
+    for spec in given:
+        name, _, uri = spec.partition("=")
+        if not (name and uri) or name in adapters:
+            said = "named twice" if name in adapters else "is not NAME=URI"
+            raise typer.BadParameter(f"{spec!r} {said}", param_hint="--adapter")
+        adapters[name] = uri
+    return adapters
 
 
 def in_engine_environment(configured_python: str) -> None:

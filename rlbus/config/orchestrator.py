@@ -25,6 +25,11 @@ class AlgorithmConfig(Section):
     teacher_url: str = ""
     """opd: /v1 URL of the teacher's inference server (POST /v1/score); self-distill: empty means
     the policy's."""
+    teacher_model: str = ""
+    """opd: the `model` each score request to teacher_url names, when that server serves several
+    (an adapter's name: `rlbus worker inference --adapter NAME=URI`, vLLM's --lora-modules).
+    `rlbus run` sets it for LoRA teachers of one base, which it serves on one engine. Empty: the
+    server's own model."""
     teacher: str = ""
     """opd: the teacher as a weight version of a past run, run:RUN_ID@VERSION (or @latest), found
     in this run's store: `rlbus run` writes it out (onto teacher_base) and serves it itself, and

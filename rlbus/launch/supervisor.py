@@ -41,7 +41,7 @@ from rlbus.launch.processes import KILL_AFTER_S, RoleProcess, exit_reason, rss_b
 from rlbus.launch.roles import ROLES
 from rlbus.launch.run_health import RunHealth, run_processes
 from rlbus.launch.run_memory import check_run_fits
-from rlbus.launch.teachers import Teacher, prepare_teachers
+from rlbus.launch.teachers import Teacher, prepare_teachers, teacher_servers
 
 MB = 1024 * 1024
 
@@ -239,7 +239,8 @@ class LocalRun:
         self.teachers = prepare_teachers(self.cfg, self.run_dir)
         for teacher in self.teachers:
             envs = ", ".join(teacher.envs)
-            said = f"teacher of {envs}: {teacher.ref} ({teacher.model_dir})"
+            served = f"adapter {teacher.adapter} on" if teacher.adapter else ""
+            said = f"teacher of {envs}: {teacher.ref} ({served} {teacher.model_dir})"
             self.console.print(said, markup=False)
         with terminated_as_interrupt(), local_broker(self.cfg.base()) as (base, broker):
             self.broker = broker
@@ -290,15 +291,19 @@ class LocalRun:
         its environments at them (a port is kept across restarts)."""
         overrides: list[str] = []
         self.teacher_processes = []
-        for teacher in self.teachers:
-            port = self.teacher_ports.setdefault(teacher.name, free_port())
-            serving = [*self._serving(teacher.model_dir, port), "--frozen"]
-            self.teacher_processes.append(
-                self._start("inference", base, serving, name=teacher.name)
-            )
-            for env in teacher.envs:
-                overrides += [f"--envs.{env}.algorithm.teacher="]
-                overrides += [f"--envs.{env}.algorithm.teacher-url", f"http://127.0.0.1:{port}/v1"]
+        for server in teacher_servers(self.teachers):
+            port = self.teacher_ports.setdefault(server.name, free_port())
+            serving = [*self._serving(server.model_dir, port), "--frozen"]
+            for name, path in server.adapters.items():
+                serving += ["--adapter", f"{name}={path}"]
+            self.teacher_processes.append(self._start("inference", base, serving, name=server.name))
+            for teacher in server.teachers:
+                for env in teacher.envs:
+                    url = f"http://127.0.0.1:{port}/v1"
+                    overrides += [f"--envs.{env}.algorithm.teacher="]
+                    overrides += [f"--envs.{env}.algorithm.teacher-url", url]
+                    if teacher.adapter is not None:
+                        overrides += [f"--envs.{env}.algorithm.teacher-model", teacher.name]
         return overrides
 
     def _revive_teachers(self) -> None:

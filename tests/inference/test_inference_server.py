@@ -450,6 +450,7 @@ class ScriptedBackend:
     policy_version = 7
     max_context = 2048
     vocab_size = 265
+    adapters = ()
 
     def __init__(self, completion_ids: list[int]) -> None:
         self.completion_ids = completion_ids
@@ -484,7 +485,11 @@ class ScriptedBackend:
         yield self._result(prompt_ids)
 
     async def score(
-        self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0
+        self,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        temperature: float = 1.0,
+        adapter: str | None = None,
     ) -> ScoreResult:
         return ScoreResult(logprobs=[-0.5] * len(completion_ids), policy_version=7)
 

@@ -1,8 +1,8 @@
 """Issue 34, items 2 and 3, on a tiny model: examples/experts/ as its README runs it. Two RL
 experts from one base (the reverse_text and chain_sum SmolLM2 configs, two steps each), then the
 student (`examples/experts/student.toml`) through `rlbus run`: each environment distilled from
-its own expert, named by run and `@latest`, both teachers written out and served by the run, and
-the student's batches drawn from both environments."""
+its own expert, named by run and `@latest`, both LoRA teachers served by the run as adapters of
+one engine, and the student's batches drawn from both environments."""
 
 from __future__ import annotations
 
@@ -60,8 +60,12 @@ def test_two_experts_then_a_student_distilled_from_both(
     assert done.returncode == 0, said
     logs = tmp_path / "store" / "runs" / "experts-student" / "logs"
     for env, expert in EXPERTS.items():
-        assert f"teacher of {env}: run:{expert}@{STEPS}" in done.stdout, said
-        assert (logs / f"teacher-{expert}-v{STEPS}.log").is_file()
+        assert f"teacher of {env}: run:{expert}@{STEPS} (adapter " in done.stdout, said
+    # LoRA experts of one base: one server, one copy of the base, each teacher an adapter.
+    assert [log.name for log in logs.glob("teacher*.log")] == ["teacher-adapters.log"]
+    served = " ".join((logs / "teacher-adapters.log").read_text().split())
+    adapters = ", ".join(f"teacher-{expert}-v{STEPS}" for expert in EXPERTS.values())
+    assert f"(frozen), scoring with adapters {adapters}" in served, served[-2000:]
     with open_store(settings.store.url, read_only=True) as store:
         trained = store.query(
             "SELECT count(DISTINCT step) FROM train_steps FINAL WHERE run_id = 'experts-student'"
