@@ -16,6 +16,7 @@ from rlbus.config.runs import RunConfig
 from rlbus.consumers.inference.sizing import serving_estimate
 from rlbus.consumers.model_size import NotEnoughMemory, available_bytes, gb, model_size
 from rlbus.consumers.trainer.memory import estimate_from_size, least_tokens
+from rlbus.launch.teachers import servers_needed
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +48,9 @@ def check_run_fits(cfg: RunConfig, available: int | None = None) -> None:
             together.append("set trainer.lora.enabled = true")
     inference = cfg.inference
     replicas = 0 if inference.given() else inference.replicas
-    # A stored-version teacher is served here, by the run, even when the policy is not.
-    algorithms = [e.algorithm for e in cfg.envs.values()]
-    teachers = len({(a.teacher, a.teacher_base) for a in algorithms if a.teacher})
+    # A stored-version teacher is served here, by the run, even when the policy is not; LoRA
+    # teachers of one base share a server.
+    teachers = servers_needed(cfg)
     serving = None
     if (replicas or teachers) and inference.device == "cpu":
         serving = serving_estimate(size, inference.backend, "cpu", inference.vllm, free)

@@ -100,18 +100,51 @@ def check_same_tokenizer(student: Path, base: Path, where: str) -> None:
         )
 
 
-def prepare_teachers(cfg: RunConfig, run_dir: Path) -> list[Teacher]:
-    """Every stored-version teacher of `cfg`'s environments, written out under
-    `run_dir`/teachers, or TeacherError for the first that cannot be."""
-    student = model_dir(cfg.model)
+def named_teachers(cfg: RunConfig) -> dict[tuple[str, Path], list[str]]:
+    """The environments of each (stored-version teacher, its base) that `cfg` names."""
     found: dict[tuple[str, Path], list[str]] = {}
     for env, entry in cfg.envs.items():
         algorithm = entry.algorithm
         if algorithm.teacher:
             key = (algorithm.teacher, model_dir(algorithm.teacher_base or cfg.model))
             found.setdefault(key, []).append(env)
+    return found
+
+
+def servers_needed(cfg: RunConfig) -> int:
+    """How many servers the run's stored-version teachers will need (teacher_servers), from
+    the store's record of each version's format alone, no weights read: what the memory check
+    counts. A version the store does not hold counts one (prepare_teachers refuses it)."""
+    from rlbus.bus.store import StoreError, open_store
+    from rlbus.launch.model_export import find_version
+
+    found = named_teachers(cfg)
+    if not found or cfg.inference.backend != "hf":
+        return len(found)
+    alone, bases = 0, set()
+    try:
+        with open_store(cfg.store.url, read_only=True) as store:
+            for text, base in found:
+                try:
+                    version, _ = find_version(store, VersionRef.parse(text), cfg.store.url)
+                except ModelExportError:
+                    alone += 1
+                    continue
+                if version.format == FORMATS["lora-delta"]:
+                    bases.add(base)
+                else:
+                    alone += 1
+    except StoreError:
+        return len(found)
+    return alone + len(bases)
+
+
+def prepare_teachers(cfg: RunConfig, run_dir: Path) -> list[Teacher]:
+    """Every stored-version teacher of `cfg`'s environments, ready to serve (ready_teacher),
+    or TeacherError for the first that cannot be."""
+    student = model_dir(cfg.model)
     teachers: list[Teacher] = []
-    for (text, base), envs in found.items():
+    for (text, base), envs in named_teachers(cfg).items():
         where = f"envs.{envs[0]}.algorithm.teacher = {text!r}"
         try:
             check_same_tokenizer(student, base, where)

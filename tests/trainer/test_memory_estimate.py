@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from support.model_configs import LLAMA_7B
+from support.stored_runs import store_events
 
 from rlbus.config.orchestrator import AlgorithmConfig, EnvEntry
 from rlbus.config.runs import InferenceConfig, RunConfig
@@ -24,6 +25,7 @@ from rlbus.consumers.model_size import NotEnoughMemory, model_size
 from rlbus.consumers.trainer.memory import check_training_fits as check_trainer
 from rlbus.consumers.trainer.memory import estimate, estimate_from_size
 from rlbus.launch.run_memory import check_run_fits
+from rlbus.schemas import WeightVersion
 
 GB = 10**9
 
@@ -185,3 +187,39 @@ def test_smollm2_fits_and_a_7b_llama_is_refused_with_its_estimate(
     said = str(served.value)
     assert "+ 2 teacher servers ~2.4 GB (" in said and "inference replica" not in said
     assert "serve the teachers yourself (algorithm.teacher_url)" in said
+
+
+def test_lora_teachers_of_one_base_are_counted_as_one_server(
+    smollm2_dir: Path, tmp_path: Path
+) -> None:
+    """The store says which teachers are LoRA versions: those of one base share one server
+    (launch/teachers.py), so the check counts that server once; a full version, and a version
+    the store does not hold, each count one of their own."""
+    store = f"chdb://{tmp_path / 'store'}"
+    versions = [
+        WeightVersion(run_id=run, version=1, uri=f"file:///w/{run}.safetensors", format=format)
+        for run, format in (("a", "safetensors-lora"), ("b", "safetensors-lora"))
+    ]
+    versions.append(
+        WeightVersion(run_id="full", version=1, uri="file:///w/f", format="safetensors")
+    )
+    store_events(store, [versions])
+    teachers = {
+        env: EnvEntry(path="p", algorithm=AlgorithmConfig(name="opd", teacher=teacher))
+        for env, teacher in (("x", "run:a@1"), ("y", "run:b@latest"), ("z", "run:full@1"))
+    }
+    run = RunConfig.model_validate(
+        {
+            "model": str(smollm2_dir),
+            "inference": {"url": "http://127.0.0.1:1/v1"},
+            "store": {"url": store},
+        }
+    ).model_copy(update={"envs": teachers})
+    with pytest.raises(NotEnoughMemory, match=r"\+ 2 teacher servers ~"):
+        check_run_fits(run, available=3 * GB)
+    unknown = {
+        **teachers,
+        "w": EnvEntry(path="p", algorithm=AlgorithmConfig(name="opd", teacher="run:gone@1")),
+    }
+    with pytest.raises(NotEnoughMemory, match=r"\+ 3 teacher servers ~"):
+        check_run_fits(run.model_copy(update={"envs": unknown}), available=3 * GB)
