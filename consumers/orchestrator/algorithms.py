@@ -32,6 +32,8 @@ def group_advantages(
 ) -> np.ndarray:
     """Reward minus the group mean (after optional length shaping), optionally over the std."""
     r = np.asarray(rewards, dtype=np.float64)
+    if not len(r):  # no member to train on (every one errored): nothing to center
+        return r
     if cfg.length_penalty and len(lengths):
         longest = max(1, max(lengths))
         r = r - cfg.length_penalty * np.asarray(lengths, dtype=np.float64) / longest

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -78,6 +80,14 @@ def test_group_advantage_options() -> None:
     assert group_advantages([1, 1], [2, 4], cfg).tolist() == pytest.approx([0.125, -0.125])
     std = group_advantages([1, 0], [1, 1], AlgorithmConfig(normalize_std=True))
     assert std.tolist() == pytest.approx([1, -1], abs=1e-4)
+
+
+def test_a_group_with_no_trainable_member_has_no_advantages_and_no_warning() -> None:
+    """Every member errored (test_learning's CI log: numpy's "Mean of empty slice")."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for cfg in (AlgorithmConfig(), AlgorithmConfig(normalize_std=True, length_penalty=1)):
+            assert group_advantages([], [], cfg).tolist() == []
 
 
 async def test_sft_marks_sampled_tokens_supervised() -> None:
