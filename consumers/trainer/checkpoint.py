@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import json
+import posixpath
 import time
 from dataclasses import dataclass, field
 
@@ -105,11 +106,12 @@ class CheckpointStore:
                 k: t.to(self.weights_dtype) if t.is_floating_point() else t
                 for k, t in tensors.items()
             }
+        name = f"v{version:06d}.safetensors"
         size = self.folder.write_file(
-            f"weights/v{version:06d}.safetensors",
+            f"weights/{name}",
             lambda path: save_safetensors(tensors, path, metadata={KIND_KEY: self.weights_kind}),
         )
-        self._prune("weights", self.keep_weights)
+        self._prune("weights", self.keep_weights, newest=name)
         return WrittenWeights(self.weights_uri(version), size, time.perf_counter() - started)
 
     def save(self, state: TrainerState, tensors: dict) -> None:
@@ -137,8 +139,13 @@ class CheckpointStore:
     def latest_step(self) -> int | None:
         return json.loads(self.folder.read(LATEST))["step"] if self.exists() else None
 
-    def _prune(self, folder: str, keep: int) -> None:
+    def _prune(self, folder: str, keep: int, newest: str | None = None) -> None:
+        """Keep the `keep` newest entries of `folder`. Entries after `newest` (just written)
+        go first: a trainer resumed from an older state writes versions again that a run it
+        replaces had got past, and those later versions are trained again."""
         fs, base = self.folder.fs, self.folder.path(folder)
         entries = sorted(p for p in fs.ls(base, detail=False) if not p.endswith(".tmp"))
-        for old in entries[:-keep]:
+        stale = [p for p in entries if newest is not None and posixpath.basename(p) > newest]
+        kept = [p for p in entries if p not in stale]
+        for old in [*stale, *kept[:-keep]]:
             fs.rm(old, recursive=True)

@@ -246,6 +246,22 @@ def test_checkpoint_resume_rules_and_round_trip(tiny: Path, tmp_path: Path) -> N
     assert r.checkpoints.has_weights(1)
 
 
+def test_a_trainer_resumed_behind_its_newest_weights_keeps_what_it_writes(tmp_path: Path) -> None:
+    """Every process of a run killed at step 46, state saved at 40, three weight files kept
+    (44-46): the resumed trainer writes version 40 again, then 41, ... On main each was pruned
+    as it was written (the three newest by number were the dead run's 44-46), so inference could
+    load none of them and the resumed run waited for ever. Versions past the one written are the
+    dead run's: they are trained again, and their files go."""
+    store = CheckpointStore(f"file://{tmp_path}/ckpt", keep_weights=3)
+    weights = {"w": torch.ones(2)}
+    for version in range(38, 47):
+        store.write_weights(version, weights)
+    for version in (40, 41):  # the resumed trainer's announcement, then its next step
+        store.write_weights(version, weights)
+        assert store.has_weights(version)
+    assert [v for v in range(38, 47) if store.has_weights(v)] == [40, 41]
+
+
 class RecordingBus:
     def __init__(self) -> None:
         self.events: list = []
