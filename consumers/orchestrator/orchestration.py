@@ -60,6 +60,9 @@ from rlbus.schemas.packed import logprobs, mask, tokens
 
 log = logging.getLogger(__name__)
 
+WAITING_SAID_EVERY_S = 60.0
+"""How often a run whose inference does not serve the trainer's version yet says so."""
+
 GROUP = "orchestrator"
 TOPICS = ["trace-nodes", "tokens", "rollouts", "scored", "weights"]
 
@@ -114,6 +117,9 @@ class Orchestrator:
         self.roster = roster or Roster()
         self.served_by = served_by
         self.served = -1
+        self._waiting_since: float | None = None
+        """When tasks began to wait for inference to serve the trainer's version."""
+        self._said_waiting = 0.0
         """The newest version enough live inference replicas serve (it never goes back)."""
         self.trained = -1
         """Newest version the trainer announced: the run is done when it reaches max_steps."""
@@ -266,6 +272,7 @@ class Orchestrator:
         self._count_served()
         if self.step is None or not self.may_publish():
             return  # the trainer has not announced its version yet, or another may lead
+        self._say_waiting()
         evaluation = self.held_out.due(self.served)
         if evaluation:
             await self.bus.publish_many(evaluation)
@@ -275,6 +282,27 @@ class Orchestrator:
         # Done once inference serves the final weights and the final evaluation is scored.
         if min(self.trained, self.served) >= self.max_steps and self.held_out.finished():
             self.done.set()
+
+    def _say_waiting(self) -> None:
+        """While tasks wait for inference to serve the trainer's version (at the start, and
+        the version resumed from), say so every WAITING_SAID_EVERY_S: a replica that cannot
+        load it is no silent stall."""
+        if self.served >= self.start_version:
+            self._waiting_since = None
+            return
+        now = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since = self._said_waiting = now
+        elif now - self._said_waiting >= WAITING_SAID_EVERY_S:
+            self._said_waiting = now
+            serving = f"serve {self.served}" if self.served >= 0 else "serve none yet"
+            log.warning(
+                "no task sent for %.0fs: waiting for inference to serve version %d, the "
+                "trainer's (its replicas %s); a replica that cannot load it says why in its log",
+                now - self._waiting_since,
+                self.start_version,
+                serving,
+            )
 
     async def _publish_tasks(self, n: int) -> None:
         # Sampled with what enough replicas serve: env producers pass over replicas behind it.

@@ -4,8 +4,11 @@ groups joined but not yet batched finds them again, and never batches a group tw
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from pathlib import Path
+
+import pytest
 
 from rlbus.bus import Bus, Delivery
 from rlbus.config import Settings, load_settings
@@ -275,3 +278,30 @@ async def test_a_handler_stopped_while_publishing_is_let_finish_and_never_runs_a
         await asyncio.wait_for(restarted.run(restarted_stop), 60)
         published = await read_records(bus, "scored")
     assert (runs, len(published)) == (1, len(outputs))
+
+
+async def test_a_resumed_orchestrator_says_it_waits_for_inference_to_serve_the_trainers_version(
+    settings: Settings, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resumed run sends no task until inference serves the trainer's version. When a replica
+    cannot load it (a weights file pruned: 891b30f), the run waited for ever and said nothing;
+    the orchestrator now says what it waits for, every minute while it lasts."""
+    from rlbus.consumers.orchestrator import orchestration
+
+    clock = [1000.0]
+    monkeypatch.setattr(orchestration.time, "monotonic", lambda: clock[0])
+    async with Bus.of(settings) as bus:
+        o = build_orchestrator(bus, run_config(settings), EXAMPLE)
+        o._on_version(40)  # the resumed trainer's announcement; no replica serves anything
+        said = []
+        for _ in range(4):
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger=orchestration.__name__):
+                await o.tick()
+            said.append([r.getMessage() for r in caplog.records])
+            clock[0] += 40
+    assert said[0] == said[1] == said[3] == [], said
+    assert said[2] == [
+        "no task sent for 80s: waiting for inference to serve version 40, the trainer's (its "
+        "replicas serve none yet); a replica that cannot load it says why in its log"
+    ], said
