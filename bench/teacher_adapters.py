@@ -34,31 +34,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # tests/support
 from support.bpe_model import smollm2_dir
 from support.isolated import isolated_settings
+from support.loras import lora_file
 
 from rlbus.bus import EmbeddedBroker, free_port
 from rlbus.clients.inference_client import InferenceClient
 from rlbus.config import Settings
-from rlbus.consumers.trainer.checkpoint import CheckpointStore
 from rlbus.launch.processes import RoleProcess, rss_bytes
 
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 console = Console()
-
-
-def random_adapter(base: Path, out: Path, rank: int, seed: int) -> str:
-    """A LoRA-delta weights file over every linear layer of `base`, as a LoRA trainer writes one."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(base)
-    generator = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name, param in model.named_parameters():
-        module = name.removesuffix(".weight")
-        if name.endswith(".weight") and module.endswith(LINEAR):
-            rows, cols = param.shape
-            tensors[module + ".lora_A"] = 0.02 * torch.randn(rank, cols, generator=generator)
-            tensors[module + ".lora_B"] = 0.02 * torch.randn(rows, rank, generator=generator)
-    return CheckpointStore(f"file://{out}", weights_kind="lora-delta").write_weights(1, tensors).uri
 
 
 def merged_model(base: Path, uri: str, out: Path) -> Path:
@@ -141,7 +125,7 @@ def main() -> None:
         count = len(given) or args.teachers
         with console.status(f"{count} LoRA teachers and their merged models"):
             uris = given or [
-                random_adapter(base, work / f"lora{i}", args.rank, i) for i in range(count)
+                lora_file(base, work / f"lora{i}", i, LINEAR, args.rank, 0.02) for i in range(count)
             ]
             names = [f"teacher{i}" for i in range(count)]
             merged = [merged_model(base, uri, work / f"merged{i}") for i, uri in enumerate(uris)]

@@ -297,9 +297,9 @@ class LocalRun:
             for name, path in server.adapters.items():
                 serving += ["--adapter", f"{name}={path}"]
             self.teacher_processes.append(self._start("inference", base, serving, name=server.name))
+            url = f"http://127.0.0.1:{port}/v1"
             for teacher in server.teachers:
                 for env in teacher.envs:
-                    url = f"http://127.0.0.1:{port}/v1"
                     overrides += [f"--envs.{env}.algorithm.teacher="]
                     overrides += [f"--envs.{env}.algorithm.teacher-url", url]
                     if teacher.adapter is not None:

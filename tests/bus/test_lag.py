@@ -19,10 +19,23 @@ from rlbus.bus import EmbeddedBroker
 from rlbus.bus.broker_handover import commit_offsets
 from rlbus.bus.lag import Lag
 from rlbus.config import Settings, settings_variables
-from rlbus.schemas import TrainStep
+from rlbus.schemas import TOPICS, TrainStep
 
-TOPIC_NAMES = ("tasks", "rollouts", "trace-nodes", "tokens", "scored", "batches", "weights")
-TOPIC_NAMES += ("steps", "dlq", "health")
+TOPIC_NAMES = [topic.name for topic in TOPICS]
+
+
+def rlbus_topics(settings: Settings) -> tuple[subprocess.CompletedProcess[str], list[list[str]]]:
+    """`rlbus topics` run as a user runs it (exit 0 asserted), and its tables' rows as cells."""
+    shown = subprocess.run(
+        [sys.executable, "-m", "rlbus", "topics"],
+        env={**os.environ, **settings_variables(settings), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    lines = shown.stdout.splitlines()
+    return shown, [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines]
 
 
 async def commit(settings: Settings, group: str, offsets: dict[TopicPartition, int]) -> None:
@@ -63,15 +76,7 @@ def test_rlbus_topics_counts_what_a_batch_put_on_the_broker_and_who_is_behind(
         await commit(settings, "trainer.r", {held: 4})
 
     asyncio.run(commit_four())
-    shown = subprocess.run(
-        [sys.executable, "-m", "rlbus", "topics"],
-        env={**os.environ, **settings_variables(settings), "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert shown.returncode == 0, shown.stderr
-    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in shown.stdout.splitlines()]
+    shown, rows = rlbus_topics(settings)
     steps = settings.kafka.topic_prefix + "steps"
     assert [steps, str(settings.kafka.partitions), "10"] in rows, shown.stdout
     assert [settings.kafka.topic_prefix + "trainer.r", "steps", "4", "6"] in rows, shown.stdout
@@ -107,15 +112,6 @@ def test_rlbus_topics_answers_on_a_broker_of_many_topics_most_of_them_empty(
 
     with EmbeddedBroker(log_path=tmp_path / "tansu.log") as broker:
         asyncio.run(fill(broker.bootstrap_servers))
-        settings = isolated_settings(broker, tmp_path)
-        shown = subprocess.run(
-            [sys.executable, "-m", "rlbus", "topics"],
-            env={**os.environ, **settings_variables(settings), "COLUMNS": "200"},
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-    assert shown.returncode == 0, shown.stderr[-2000:]
-    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in shown.stdout.splitlines()]
+        shown, rows = rlbus_topics(isolated_settings(broker, tmp_path))
     assert ["other0.tasks", "2", "1"] in rows, shown.stdout[-2000:]
     assert ["other59.steps", "2", "0"] in rows, shown.stdout[-2000:]

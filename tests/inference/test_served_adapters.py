@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 import typer
+from support.loras import lora_file as support_lora_file
 
 from rlbus.bus.server_thread import ServerThread
 from rlbus.clients.inference_client import InferenceClient, InferenceError
@@ -31,21 +31,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def lora_file(model_dir: Path, out: Path, seed: int, rank: int = 4) -> str:
-    """A LoRA-delta weights file over the tiny model, as a LoRA trainer writes one."""
-    from transformers import AutoModelForCausalLM
-
-    params = dict(AutoModelForCausalLM.from_pretrained(model_dir).named_parameters())
-    generator = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name, param in params.items():
-        if name.endswith(".weight") and name.removesuffix(".weight").endswith(ADAPTED):
-            module = name.removesuffix(".weight")
-            out_features, in_features = param.shape
-            tensors[module + ".lora_A"] = 0.3 * torch.randn(rank, in_features, generator=generator)
-            tensors[module + ".lora_B"] = 0.3 * torch.randn(out_features, rank, generator=generator)
-    store = CheckpointStore(f"file://{out}", weights_kind="lora-delta")
-    return store.write_weights(seed, tensors).uri
+def lora_file(model_dir: Path, out: Path, seed: int) -> str:
+    return support_lora_file(model_dir, out, seed, ADAPTED, rank=4, scale=0.3)
 
 
 async def test_each_adapter_scores_as_the_base_with_it_merged(
