@@ -21,7 +21,7 @@ from rlbus.schemas.events import (
     WeightLoaded,
     WeightVersion,
 )
-from rlbus.schemas.ids import derived_id, group_id_of, uuid7
+from rlbus.schemas.ids import derived_id, group_id_of, step_id, uuid7
 from rlbus.schemas.topics import BY_NAME, TOPICS, Topic, group_of, key_of, topic_of
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "encode",
     "group_of",
     "key_of",
+    "step_id",
     "topic_of",
     "uuid7",
 ]

@@ -6,6 +6,8 @@
 - a task without an id takes its natural key, (run, env, task id) (`task_event_id`);
 - an output derived from an input takes its id from (input id, producing run, sample or
   attempt) (`derived_id`; e.g. producers.rollouts.rollout_id_of);
+- what a role makes once per step (a batch, a train step) takes (run, kind, step), plus the
+  role's own incarnation when it resumed a run (`step_id`);
 - new events get time-ordered UUIDv7s (`uuid7`).
 """
 
@@ -44,6 +46,14 @@ def derived_id(*parts: object) -> str:
     value = (value & ~(0xF << 76)) | (0x8 << 76)
     value = (value & ~(0b11 << 62)) | (0b10 << 62)
     return str(uuid.UUID(int=value))
+
+
+def step_id(run_id: str, kind: str, step: int, incarnation: str = "") -> str:
+    """The id of what a role makes once per step. A role that resumed a run names its
+    incarnation (`incarnation`; "" for the one that started it): a step it makes again, from
+    other samples or with other timings, is another attempt, never the first one's id with
+    another content (the broker of a full stop took the first with it)."""
+    return derived_id(run_id, kind, step, *((incarnation,) if incarnation else ()))
 
 
 def group_id_of(task: TaskPublished) -> str:

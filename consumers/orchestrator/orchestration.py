@@ -52,9 +52,10 @@ from rlbus.schemas import (
     TrainSample,
     WeightLoaded,
     WeightVersion,
-    derived_id,
     group_id_of,
     group_of,
+    step_id,
+    uuid7,
 )
 from rlbus.schemas.packed import logprobs, mask, tokens
 
@@ -127,6 +128,8 @@ class Orchestrator:
         self.ready: list[ReadyGroup] = []
         self.start_version = 0
         """The trainer's first announced version: no task goes out before inference serves it."""
+        self.incarnation = ""
+        """In this term's batch ids when it resumed a run (schemas.ids.step_id)."""
         self.counts = Counts()
         self.counted = Counts()
         """`counts` when the last batch went out: each batch reports what happened since."""
@@ -216,6 +219,9 @@ class Orchestrator:
             # A predecessor may have published batches the trainer has not trained yet.
             step = max(version, self.holds.published_step)
             self.step = self.start_version = step
+            # A broker lost in a full stop took the batches past the trainer's saved state:
+            # this term may build those steps again, from other samples.
+            self.incarnation = uuid7() if step else ""
             self.held_out.start(step)
             self.tasks.skip(step * self.cfg.tasks_per_step)
             log.info("trainer is at version %d; next batch is step %d", version, step + 1)
@@ -333,7 +339,7 @@ class Orchestrator:
         self.counted = Counts(**vars(self.counts))
         rewards = [r for g in taken for r in g.rewards]
         env_of = {r: g.env for g in taken for r in g.rollout_ids}
-        batch_id = derived_id(self.run_id, "batch", self.step)
+        batch_id = step_id(self.run_id, "batch", self.step, self.incarnation)
         batch = TrainBatch(
             event_id=batch_id,
             run_id=self.run_id,

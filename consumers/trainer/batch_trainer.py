@@ -24,7 +24,15 @@ from rlbus.consumers.heap import release_free_heap
 from rlbus.consumers.heartbeat import keep_announcing
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, TrainerState, WrittenWeights
 from rlbus.consumers.trainer.step import StepResult
-from rlbus.schemas import TrainBatch, TrainSample, TrainStep, WeightVersion, derived_id, group_of
+from rlbus.schemas import (
+    TrainBatch,
+    TrainSample,
+    TrainStep,
+    WeightVersion,
+    derived_id,
+    group_of,
+    step_id,
+)
 from rlbus.schemas.staleness import filter_stale
 
 log = logging.getLogger(__name__)
@@ -227,9 +235,8 @@ def step_event(
     weights version it wrote (`written`: its size and write time, when one was written). A
     resumed trainer's `incarnation` is in the id: a step trained again is another attempt, with
     timings of its own, never the first attempt's id with another content."""
-    parts = (run_id, "train-step", step, *((incarnation,) if incarnation else ()))
     return TrainStep(
-        event_id=derived_id(*parts),
+        event_id=step_id(run_id, "train-step", step, incarnation),
         run_id=run_id,
         step=step,
         loss=r.loss,

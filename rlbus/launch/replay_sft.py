@@ -22,7 +22,7 @@ from rlbus.consumers.trainer.sft import train_sft
 from rlbus.consumers.trainer.step import StepResult
 from rlbus.discovery import local_broker
 from rlbus.launch.local_sink import local_sink
-from rlbus.schemas import TrainBatch, TrainSample, WeightVersion, derived_id
+from rlbus.schemas import TrainBatch, TrainSample, WeightVersion, derived_id, step_id
 from rlbus.schemas.packed import tokens
 
 ALGORITHM = "sft"
@@ -62,7 +62,7 @@ def read_samples(cfg: ReplayConfig, selection: Selection) -> StoredSamples:
 
 def _batch(run_id: str, step: int, samples: list[TrainSample]) -> TrainBatch:
     versions = [s.policy_version for s in samples]
-    batch_id = derived_id(run_id, "batch", step)
+    batch_id = step_id(run_id, "batch", step)
     return TrainBatch(
         event_id=batch_id,
         run_id=run_id,

@@ -305,3 +305,35 @@ async def test_a_resumed_orchestrator_says_it_waits_for_inference_to_serve_the_t
         "no task sent for 80s: waiting for inference to serve version 40, the trainer's (its "
         "replicas serve none yet); a replica that cannot load it says why in its log"
     ], said
+
+
+async def test_a_run_resumed_on_a_broker_that_lost_its_batches_never_reuses_a_batch_id(
+    settings: Settings,
+) -> None:
+    """A full stop of the embedded default loses the broker, and with it the batches the dead
+    orchestrator published past the trainer's saved state (steps 41-47 in the long run of
+    examples/reverse_text/RESULTS.md). The resumed orchestrator builds those steps again from
+    other samples: under the dead one's ids they were 7 conflicts in the store."""
+    cfg = run_config(settings)
+    run = cfg.run_id
+    announcements = [
+        WeightVersion(version=40, uri="x", run_id=run),  # the trainer resumed from step 40
+        WeightLoaded(version=40, worker_id="w", run_id=run),
+    ]
+    built: list[TrainBatch] = []
+    for names in (["a", "b", "c", "d"], ["e", "f", "g", "h"]):
+        # Each term on a broker of its own: the second knows nothing of the first's batches.
+        term = cfg.model_copy(deep=True)
+        term.kafka.topic_prefix = f"t{uuid.uuid4().hex[:8]}."
+        stop = asyncio.Event()
+        async with Bus.of(term) as bus:
+            await bus.publish_many(announcements)
+            running = asyncio.create_task(orchestrating(term, stop))
+            for name in names:
+                await bus.publish_many(group(run, name))
+            built += await batches_of(term, 1)
+            stop.set()
+            await running
+    first, again = built
+    assert first.step == again.step == 41
+    assert first.batch_id != again.batch_id, "step 41 built twice under one id"
