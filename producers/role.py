@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from rlbus.bus import Bus
+from rlbus.bus.heap import heap_returned
 from rlbus.bus.role import RoleSummary
 from rlbus.bus.waiting import unless_stopped
 from rlbus.clients.replicas import Roster
@@ -73,6 +74,7 @@ class EnvProducerRole:
             Bus.of(settings) as bus,
             InterceptionServer.of(env.config, renderer, roster) as server,
             following(bus, settings.run_id, roster),
+            heap_returned(),
         ):
             producer = self.producer = EnvProducer(
                 env, bus, RolloutRunner(env, server), self.run_envs

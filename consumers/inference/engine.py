@@ -37,7 +37,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from rlbus.consumers.heap import RELEASE_EVERY_S, release_free_heap
+from rlbus.bus.heap import RELEASE_EVERY_S, release_free_heap
 from rlbus.consumers.inference.adapters import AdapterMerger
 from rlbus.consumers.inference.api import (
     ContextLengthError,
@@ -449,7 +449,7 @@ class Engine:
     def _run(self) -> None:
         # Every forward pass of the engine runs on this thread, inside this loop. The heap its
         # batches free goes back on this thread too (between passes, never during one): when it
-        # goes idle, and every few seconds while it is busy (consumers/heap.py).
+        # goes idle, and every few seconds while it is busy (bus/heap.py).
         released, worked = time.monotonic(), False
         with torch.inference_mode(), allowed_attention_backends(self._attention_backends):
             while True:

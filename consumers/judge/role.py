@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from rlbus.bus import Bus
+from rlbus.bus.heap import heap_returned
 from rlbus.bus.role import RoleSummary
 from rlbus.config import Settings
 from rlbus.consumers.judge.judging import Judge
@@ -35,7 +36,7 @@ class JudgeRole:
         return f"judge for {envs} (run {self.settings.run_id!r})"
 
     async def run(self, stop: asyncio.Event) -> RoleSummary:
-        async with Bus.of(self.settings) as bus:
+        async with Bus.of(self.settings) as bus, heap_returned():
             judge = self.judge = Judge(self.envs, bus)
             run_id = self.settings.run_id
             consume = bus.subscriber("rollouts", group=self.groups()[0], batch=True, run=run_id)

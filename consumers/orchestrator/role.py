@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 from rlbus.bus import Bus
+from rlbus.bus.heap import heap_returned
 from rlbus.bus.leadership import Leadership
 from rlbus.bus.role import RoleSummary
 from rlbus.config.runs import RunConfig
@@ -53,7 +54,11 @@ class OrchestratorRole:
 
     async def run(self, stop: asyncio.Event) -> RoleSummary:
         cfg = self.cfg
-        async with Bus.of(cfg) as bus, Leadership(bus, self._leader_group()) as lead:
+        async with (
+            Bus.of(cfg) as bus,
+            Leadership(bus, self._leader_group()) as lead,
+            heap_returned(),
+        ):
             build_orchestrator(bus, cfg, self.base_dir)  # a config it cannot build fails now
             while await lead.acquired(stop):
                 log.info("leading run %s", cfg.run_id)

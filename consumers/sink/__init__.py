@@ -1,2 +1,2 @@
 """The sink: every topic into ClickHouse. `role.py` is its door; `sink.py` converts and stores
-a poll's events; consumers/heap.py returns the memory polls freed."""
+a poll's events; bus/heap.py returns the memory polls freed."""

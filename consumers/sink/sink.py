@@ -21,12 +21,12 @@ import numpy as np
 import pyarrow as pa
 
 from rlbus.bus import Bus, Delivery
+from rlbus.bus.heap import heap_returned
 from rlbus.bus.store import Store
 from rlbus.bus.store.arrow import events_to_arrow
 from rlbus.bus.store.client import block_token
 from rlbus.bus.waiting import every
 from rlbus.config import Settings
-from rlbus.consumers.heap import RELEASE_EVERY_S, release_every
 from rlbus.schemas import EVENT_TYPES, TOPICS, Event, codec
 
 log = logging.getLogger(__name__)
@@ -180,14 +180,12 @@ async def run_sink(
         )(sink.handle)
         consumed = asyncio.Event()
         watching = asyncio.create_task(sink.conflicts.watch(consumed))
-        releasing = asyncio.create_task(release_every(RELEASE_EVERY_S, consumed))
         try:
-            await consume.run(stop)
+            async with heap_returned():
+                await consume.run(stop)
         except BaseException:
             watching.cancel()
-            releasing.cancel()
             raise
         consumed.set()
         await watching  # one last look at what the final batches stored
-        await releasing
     return sink

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from opentelemetry.trace import SpanKind
 
 from rlbus.bus import Bus, Delivery, telemetry
-from rlbus.consumers.heap import release_free_heap
+from rlbus.bus.heap import release_free_heap
 from rlbus.consumers.heartbeat import keep_announcing
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, TrainerState, WrittenWeights
 from rlbus.consumers.trainer.step import StepResult
@@ -170,7 +170,7 @@ class BatchTrainer:
             self.checkpoints.write_weights, self.state.step, self.hooks.weights()
         )
         # What the step freed, returned: glibc would keep it (over a GB on the tiny model,
-        # consumers/heap.py), for 0.1-0.4 s a step on 2 loaded cores.
+        # bus/heap.py), for 0.1-0.4 s a step on 2 loaded cores.
         await asyncio.to_thread(release_free_heap)
         log.info(
             "weights version %d: %.1f MB written in %.2fs",

@@ -2,7 +2,7 @@
 (prompts of 8-200 tokens, 8-96 new tokens) on the tiny model left a fresh engine holding 64 MB
 more anonymous memory than before them, free C heap glibc kept (the soak's inference +12.7
 MB/h); the engine now returns it when it goes idle and every few seconds while it is busy
-(consumers/heap.py), and nothing measurable remains."""
+(bus/heap.py), and nothing measurable remains."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support.held_heap import held_heap_mb
 
-from rlbus.consumers.heap import CAN_RELEASE
+from rlbus.bus.heap import CAN_RELEASE
 
 pytestmark = [
     pytest.mark.slow,

@@ -31,10 +31,9 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-SHARED_BY_CONSUMERS = {"heartbeat", "heap", "model_size"}
+SHARED_BY_CONSUMERS = {"heartbeat", "model_size"}
 """Modules of consumers/ itself, shared by the roles below them (not a role each): re-announcing
-what a role serves, returning the heap a role's work freed, and a model's sizes and memory read
-before it is loaded."""
+what a role serves, and a model's sizes and memory read before it is loaded."""
 
 
 def area(module: str) -> str:
@@ -148,7 +147,7 @@ def test_no_import_circle_between_areas() -> None:
         ("rlbus.consumers.judge.role", "consumers.judge"),
         ("rlbus.consumers.heartbeat", "consumers"),
         ("rlbus.consumers.model_size", "consumers"),
-        ("rlbus.consumers.heap", "consumers"),
+        ("rlbus.bus.heap", "bus"),
         ("rlbus.commands.worker", "cli"),
         ("rlbus.launch.supervisor", "launcher"),
         ("rlbus.launch.scripted_model", "launcher"),

@@ -1,7 +1,7 @@
 """The sink gives back the heap its polls freed. glibc keeps freed memory in its arenas: after
 this test's 60,000 large token records had gone through the real broker into the sink, the
 process held 222-232 MB more outside ClickHouse's engine than before them, nearly all of it
-free C heap; the sink now returns it every few seconds (consumers/heap.py), and 68-93 MB
+free C heap; the sink now returns it every few seconds (bus/heap.py), and 68-93 MB
 more remain (pages that still hold a live allocation, and the engine's own growth)."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 from support.sinks import publish
 from support.token_records import token_records
 
+from rlbus.bus.heap import CAN_RELEASE, RELEASE_EVERY_S
 from rlbus.bus.store import Store, open_store
 from rlbus.bus.waiting import wait_until
 from rlbus.config import Settings
-from rlbus.consumers.heap import CAN_RELEASE, RELEASE_EVERY_S
 from rlbus.consumers.sink.sink import run_sink
 
 pytestmark = pytest.mark.skipif(

@@ -2,7 +2,7 @@
 on the tiny model left a fresh trainer process holding 1,219 MB more anonymous memory than
 before them (941 MB with a single malloc arena): free C heap that glibc kept, the same on every
 later step; the soak read it as the trainer's +166 MB/h. The role now returns it after each step
-(consumers/heap.py), and 11-35 MB more remain (the optimizer's state, the weights written)."""
+(bus/heap.py), and 11-35 MB more remain (the optimizer's state, the weights written)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support.held_heap import held_heap_mb
 
-from rlbus.consumers.heap import CAN_RELEASE
+from rlbus.bus.heap import CAN_RELEASE
 
 pytestmark = [
     pytest.mark.slow,
