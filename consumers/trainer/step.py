@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -196,7 +197,10 @@ class Trainer:
         """A step that leaves the weights as they are: the LR schedule still advances, since
         the version does."""
         lr = float(self.scheduler.get_last_lr()[0])
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # torch warns of a schedule stepped before any optimizer step: here it is meant.
+            warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)`")
+            self.scheduler.step()
         return StepResult(
             loss=math.nan,
             grad_norm=math.nan,
