@@ -5,9 +5,7 @@ their groups as they come back. Held-out groups are never trained on."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-
-import numpy as np
+from dataclasses import dataclass
 
 from rlbus.config.orchestrator import OrchestratorConfig
 from rlbus.consumers.orchestrator.join import Group
@@ -19,13 +17,28 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class HeldOutEval:
+    """An evaluation's groups still to come and the figures of those scored: counts, not a
+    reward per rollout (a long run evaluates thousands of times)."""
+
     version: int
     pending: set[str]
-    rewards: list[float] = field(default_factory=list)
+    rollouts: int = 0
+    reward_sum: float = 0.0
+    passed: int = 0
+    """Rollouts whose reward reached 1."""
+
+    def add(self, rewards: list[float]) -> None:
+        self.rollouts += len(rewards)
+        self.reward_sum += sum(rewards)
+        self.passed += sum(r >= 1 for r in rewards)
+
+    @property
+    def mean_reward(self) -> float:
+        return self.reward_sum / self.rollouts if self.rollouts else 0.0
 
     @property
     def pass_rate(self) -> float:
-        return float(np.mean([r >= 1 for r in self.rewards])) if self.rewards else 0.0
+        return self.passed / self.rollouts if self.rollouts else 0.0
 
 
 class HeldOut:
@@ -69,14 +82,14 @@ class HeldOut:
         evaluation = self.evaluations.get(int(first.info.get(EVAL_VERSION, -1)))
         if evaluation is not None and group.group_id in evaluation.pending:
             evaluation.pending.discard(group.group_id)
-            evaluation.rewards.extend(m.scored.reward for m in group.members)
+            evaluation.add([m.scored.reward for m in group.members])
             if not evaluation.pending:
                 log.info(
                     "eval at version %d: mean reward %.3f, pass rate %.3f over %d rollouts",
                     evaluation.version,
-                    float(np.mean(evaluation.rewards)),
+                    evaluation.mean_reward,
                     evaluation.pass_rate,
-                    len(evaluation.rewards),
+                    evaluation.rollouts,
                 )
         return True
 
@@ -88,10 +101,6 @@ class HeldOut:
 
     def summary(self) -> dict[int, dict[str, float]]:
         return {
-            v: {
-                "mean_reward": float(np.mean(e.rewards)) if e.rewards else 0.0,
-                "pass_rate": e.pass_rate,
-                "rollouts": len(e.rewards),
-            }
+            v: {"mean_reward": e.mean_reward, "pass_rate": e.pass_rate, "rollouts": e.rollouts}
             for v, e in sorted(self.evaluations.items())
         }

@@ -96,7 +96,7 @@ async def test_run_versions_flow_through_inference_and_rollouts(
     else:
         assert max(behind) <= 2
     evaluations = out["orch"].evaluations
-    assert set(evaluations) == {0, 2, 4} and all(len(e.rewards) == 8 for e in evaluations.values())
+    assert set(evaluations) == {0, 2, 4} and all(e.rollouts == 8 for e in evaluations.values())
 
 
 @pytest.mark.slow
