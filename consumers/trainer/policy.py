@@ -28,7 +28,9 @@ def load_policy(
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)  # pyright: ignore[reportArgumentType]
     if gradient_checkpointing:
         # Non-reentrant: gives the same gradients, and works when the inputs need no grad (LoRA).
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
     if lora.enabled:
         from peft import LoraConfig as PeftLora
         from peft import get_peft_model
