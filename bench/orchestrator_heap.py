@@ -35,6 +35,7 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # tests/support
+from support.factories import scored_group
 from support.isolated import isolated_settings
 
 from rlbus.bus import Bus, Delivery, EmbeddedBroker
@@ -45,18 +46,12 @@ from rlbus.consumers.orchestrator.build import build_orchestrator
 from rlbus.consumers.orchestrator.orchestration import run_orchestrator
 from rlbus.schemas import (
     Event,
-    RolloutCompleted,
-    RolloutScored,
     TaskPublished,
-    TokenRecord,
-    TraceNode,
     TrainBatch,
     WeightLoaded,
     WeightVersion,
-    derived_id,
     group_id_of,
 )
-from rlbus.schemas.packed import pack_logprobs, pack_tokens
 
 EXAMPLE = ROOT / "examples" / "reverse_text"
 SAMPLE_EVERY = 25
@@ -92,46 +87,18 @@ def memory_mb() -> dict[str, float]:
 
 
 def group_events(run_id: str, task: TaskPublished, version: int, rng: random.Random) -> list[Event]:
-    group_id = group_id_of(task)
-    size = task.group_size or 8
-    events: list[Event] = []
-    for i in range(size):
-        rollout_id = derived_id(group_id, i)
-        common = {"run_id": run_id, "rollout_id": rollout_id}
-        sampled = list(range(rng.randint(3, 12)))
-        prompt = TraceNode(node_id=f"{rollout_id}-0", token_ids=pack_tokens(range(20)), **common)
-        answer = TraceNode(
-            node_id=f"{rollout_id}-1",
-            parent_id=prompt.node_id,
-            index=1,
-            token_ids=pack_tokens(sampled),
-            sampled=True,
-            call_index=0,
-            **common,
-        )
-        record = TokenRecord(
-            group_id=group_id,
-            node_id=answer.node_id,
-            completion_ids=pack_tokens(sampled),
-            logprobs=pack_logprobs([-0.1] * len(sampled)),
-            policy_version=version,
-            **common,
-        )
-        place = {
-            "group_id": group_id,
-            "task_id": task.task_id,
-            "env": task.env,
-            "sample_index": i,
-            "group_size": size,
-        }
-        events += [
-            prompt,
-            answer,
-            record,
-            RolloutCompleted(num_turns=1, info=dict(task.info), **place, **common),
-            RolloutScored(reward=rng.random(), **place, **common),
-        ]
-    return events
+    members = range(task.group_size or 8)
+    return scored_group(
+        run_id,
+        group_id_of(task),
+        task.task_id,
+        [list(range(rng.randint(3, 12))) for _ in members],
+        [rng.random() for _ in members],
+        env=task.env,
+        info=dict(task.info),
+        prompt=range(20),
+        version=version,
+    )
 
 
 async def one_run(steps: int, returned: bool) -> list[dict[str, float]]:

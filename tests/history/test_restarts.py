@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support.factories import scored_group
 
 from rlbus.bus import Bus, Delivery
 from rlbus.config import Settings, load_settings
@@ -19,14 +20,11 @@ from rlbus.schemas import (
     Event,
     RolloutCompleted,
     RolloutScored,
-    TokenRecord,
-    TraceNode,
     TrainBatch,
     WeightLoaded,
     WeightVersion,
     derived_id,
 )
-from rlbus.schemas.packed import pack_logprobs, pack_tokens
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reverse_text"
 SIZE = 2
@@ -58,39 +56,15 @@ def run_config(settings: Settings) -> RunConfig:
 
 def group(run_id: str, name: str) -> list[Event]:
     """A scored group of SIZE rollouts with whole traces, as env producers and judges publish."""
-    group_id = derived_id("group", name)
-    events: list[Event] = []
-    for i in range(SIZE):
-        rollout_id = derived_id(group_id, i)
-        common = {"run_id": run_id, "rollout_id": rollout_id}
-        prompt = TraceNode(node_id=f"{rollout_id}-0", token_ids=pack_tokens([1, 2, 3]), **common)
-        answer = TraceNode(
-            node_id=f"{rollout_id}-1",
-            parent_id=prompt.node_id,
-            index=1,
-            token_ids=pack_tokens([4, 5]),
-            sampled=True,
-            call_index=0,
-            **common,
-        )
-        record = TokenRecord(
-            group_id=group_id,
-            node_id=answer.node_id,
-            completion_ids=pack_tokens([4, 5]),
-            logprobs=pack_logprobs([-0.1, -0.2]),
-            **common,
-        )
-        place = {
-            "group_id": group_id,
-            "task_id": name,
-            "env": "reverse_text",
-            "sample_index": i,
-            "group_size": SIZE,
-        }
-        rollout = RolloutCompleted(num_turns=1, info={"split": "train"}, **place, **common)
-        scored = RolloutScored(reward=float(i), **place, **common)
-        events += [prompt, answer, record, rollout, scored]
-    return events
+    members = range(SIZE)
+    return scored_group(
+        run_id,
+        derived_id("group", name),
+        name,
+        [[4, 5] for _ in members],
+        [float(i) for i in members],
+        info={"split": "train"},
+    )
 
 
 async def orchestrating(cfg: RunConfig, stop: asyncio.Event):
@@ -207,7 +181,6 @@ async def test_a_restarted_event_subscriber_runs_only_what_it_had_not_finished(
     """One slow event keeps its partition's commit back while twenty quick ones after it finish
     (an env producer's long rollout): after a restart only the slow one runs again. On main the
     twenty ran again too, under the same output ids with new content."""
-    from rlbus.schemas import RolloutCompleted
 
     async with Bus.of(settings) as bus:
         await bus.publish_many(
@@ -250,7 +223,6 @@ async def test_a_handler_stopped_while_publishing_is_let_finish_and_never_runs_a
     cancelling it there left its event uncommitted, and a restart ran it again under the same
     output ids with new content (32 conflicts in a broker handover run, CI of 896f71c)."""
     from rlbus.bus.topic_reader import read_records
-    from rlbus.schemas import RolloutCompleted
 
     outputs = [
         RolloutScored(rollout_id=str(i), group_id="g", task_id="t", env="e", reward=1.0)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
 from rlbus.schemas import (
@@ -169,3 +172,58 @@ def make_event(kind: type[Event], i: int, run_id: str = "test-run") -> Event:
                 **common,
             )
     raise AssertionError(f"no factory for {kind.__name__}")
+
+
+def scored_group(
+    run_id: str,
+    group_id: str,
+    task_id: str,
+    completions: list[list[int]],
+    rewards: list[float],
+    *,
+    env: str = "reverse_text",
+    info: dict[str, Any] | None = None,
+    prompt: Sequence[int] = (1, 2, 3),
+    version: int = 0,
+) -> list[Event]:
+    """A scored group with whole traces, as env producers and judges publish it: per member a
+    prompt node, the sampled answer node, its token record, the completed and the scored
+    rollout. One member per completion (token ids), each with its reward."""
+    events: list[Event] = []
+    size = len(completions)
+    for i, (completion, reward) in enumerate(zip(completions, rewards, strict=True)):
+        rollout_id = derived_id(group_id, i)
+        common = {"run_id": run_id, "rollout_id": rollout_id}
+        asked = TraceNode(node_id=f"{rollout_id}-0", token_ids=pack_tokens(prompt), **common)
+        answer = TraceNode(
+            node_id=f"{rollout_id}-1",
+            parent_id=asked.node_id,
+            index=1,
+            token_ids=pack_tokens(completion),
+            sampled=True,
+            call_index=0,
+            **common,
+        )
+        record = TokenRecord(
+            group_id=group_id,
+            node_id=answer.node_id,
+            completion_ids=pack_tokens(completion),
+            logprobs=pack_logprobs([-0.1] * len(completion)),
+            policy_version=version,
+            **common,
+        )
+        place = {
+            "group_id": group_id,
+            "task_id": task_id,
+            "env": env,
+            "sample_index": i,
+            "group_size": size,
+        }
+        events += [
+            asked,
+            answer,
+            record,
+            RolloutCompleted(num_turns=1, info=dict(info or {}), **place, **common),
+            RolloutScored(reward=reward, **place, **common),
+        ]
+    return events
