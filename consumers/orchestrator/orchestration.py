@@ -55,7 +55,6 @@ from rlbus.schemas import (
     group_id_of,
     group_of,
     step_id,
-    uuid7,
 )
 from rlbus.schemas.packed import logprobs, mask, tokens
 
@@ -221,7 +220,7 @@ class Orchestrator:
             self.step = self.start_version = step
             # A broker lost in a full stop took the batches past the trainer's saved state:
             # this term may build those steps again, from other samples.
-            self.incarnation = uuid7() if step else ""
+            self.incarnation = self.tasks.term if step else ""
             self.held_out.start(step)
             self.tasks.skip(step * self.cfg.tasks_per_step)
             log.info("trainer is at version %d; next batch is step %d", version, step + 1)

@@ -53,7 +53,9 @@ class TaskSource:
         self.epochs = {s.env.id: 0 for s in sources}
         self.streams = {s.env.id: self._epoch(s.env, 0) for s in sources}
         self.published = 0
-        self.started = uuid7()
+        self.term = uuid7()
+        """Names this start of the orchestrator: in its task ids (and in its batch ids when it
+        resumed a run), so no id of a previous term is used again."""
 
     def _epoch(self, env: Environment, epoch: int) -> Iterator[TaskPublished]:
         return iter(
@@ -89,7 +91,7 @@ class TaskSource:
         self.published += 1
         return msgspec.structs.replace(
             task,
-            event_id=derived_id(self.run_id, "train-task", self.started, self.published),
+            event_id=derived_id(self.run_id, "train-task", self.term, self.published),
             run_id=self.run_id,
             info={**task.info, SPLIT: "train"},
         )
