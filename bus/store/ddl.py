@@ -12,6 +12,10 @@ from rlbus.bus.store.sqltext import quote
 from rlbus.config.settings import DEFAULT_DEDUP_WINDOW
 from rlbus.schemas.events import EVENT_TYPES, Event
 
+SERIAL_PART_REMOVAL = 1_000_000_000
+"""concurrent_part_removal_threshold: old parts are removed on one thread, never on a burst of
+the engine's pooled threads (migration 0012 says why)."""
+
 
 def id_columns(kind: type[Event]) -> list[str]:
     """Columns worth a bloom-filter index: ids looked up by equality. The leading ORDER BY
@@ -36,7 +40,8 @@ def create_table(kind: type[Event]) -> str:
         f"CREATE TABLE IF NOT EXISTS {quote(kind.table)}\n(\n{body}\n)\n"
         "ENGINE = ReplacingMergeTree\n"
         f"ORDER BY ({', '.join(quote(name) for name in sorting_key(kind))})\n"
-        f"SETTINGS non_replicated_deduplication_window = {DEFAULT_DEDUP_WINDOW}"
+        f"SETTINGS non_replicated_deduplication_window = {DEFAULT_DEDUP_WINDOW}, "
+        f"concurrent_part_removal_threshold = {SERIAL_PART_REMOVAL}"
     )
 
 

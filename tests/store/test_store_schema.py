@@ -13,7 +13,7 @@ import pytest
 
 from rlbus.bus.store import MigrationError, Store, columns, open_store
 from rlbus.bus.store.columns import columns_of, extra_columns
-from rlbus.bus.store.ddl import id_columns
+from rlbus.bus.store.ddl import SERIAL_PART_REMOVAL, id_columns
 from rlbus.bus.store.migrate import Migration, load_migrations, migrate
 from rlbus.bus.store.sqltext import read_only_problem, split_statements
 from rlbus.config.settings import DEFAULT_DEDUP_WINDOW
@@ -78,6 +78,17 @@ def test_tables_are_keyed_indexed_and_deduplicated_as_declared(store: Store) -> 
         )
         assert bloom[kind.table] == sorted(id_columns(kind)), kind.table
         assert "event_id" in id_columns(kind) or kind.order_by[0] == "event_id"
+
+
+def test_every_table_removes_old_parts_on_one_thread(store: Store) -> None:
+    tables = store.query(
+        "SELECT name, engine_full FROM system.tables "
+        "WHERE database = currentDatabase() AND engine LIKE '%MergeTree'"
+    ).rows
+    assert len(tables) >= 10
+    # tests/store/test_store_threads.py shows why
+    setting = f"concurrent_part_removal_threshold = {SERIAL_PART_REMOVAL}"
+    assert [name for name, engine_full in tables if setting not in engine_full] == []
 
 
 def test_the_conflict_check_reads_only_parts_stored_since_its_last_look(store: Store) -> None:
