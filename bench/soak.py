@@ -513,6 +513,17 @@ def run_config(workdir: Path, model: Path) -> tuple[Path, list[str]]:
     return EXAMPLE / "rl.toml", overrides
 
 
+LAG_WAIT_S = 60.0
+"""Longest wait for one look at the consumer groups' lag."""
+
+
+async def lag_now(settings: Settings) -> tuple[dict[str, int], int]:
+    """Every consumer group's lag and the messages on the bus so far, on a connection of their
+    own."""
+    async with Lag(settings.kafka) as lag:
+        return await lag.groups(), await lag.events()
+
+
 async def watch(
     args: argparse.Namespace, run: LocalRun, settings: Settings, workdir: Path
 ) -> tuple[list[Sample], str, Tally, list[tuple[float, Handover, float]]]:
@@ -544,10 +555,16 @@ async def watch(
                 pids = {name: p.proc.pid for name, p in watched.items()}
                 if run.broker is not None and run.broker.pid is not None:
                     pids["tansu"] = run.broker.pid
-                async with Lag(settings.kafka) as lag:
-                    lags = await lag.groups()
-                    s = await asyncio.to_thread(sample, elapsed / 60, pids, settings, workdir, lags)
-                    s.events = await lag.events()
+                try:
+                    lags, events = await asyncio.wait_for(lag_now(settings), LAG_WAIT_S)
+                except TimeoutError:
+                    # In one soak (stop 44) the first look never returned and nothing was
+                    # sampled; the next look opens connections of its own.
+                    console.print(f"no lag from the broker within {LAG_WAIT_S:g} s: looking again")
+                    await asyncio.sleep(1)
+                    continue
+                s = await asyncio.to_thread(sample, elapsed / 60, pids, settings, workdir, lags)
+                s.events = events
                 samples.append(s)
                 out.write(json.dumps(asdict(s)) + "\n")
                 out.flush()
