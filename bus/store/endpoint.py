@@ -34,7 +34,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rlbus.bus.server_thread import ServerThread
-from rlbus.bus.store.guard import Guard, Refused, check_settings
+from rlbus.bus.store.guard import Guard, Refused, check_settings, check_threads
 from rlbus.bus.store.holder import withdraw_endpoint, write_endpoint
 from rlbus.bus.store.sqltext import SqlTextError, quote, read_only_problem, trailing_format
 
@@ -44,6 +44,7 @@ UNKNOWN_TABLE = 60
 SYNTAX_ERROR = 62
 UNKNOWN_DATABASE = 81
 READONLY = 164
+SETTING_CONSTRAINT_VIOLATION = 452
 AUTHENTICATION_FAILED = 516
 STD_EXCEPTION = 1001
 
@@ -78,6 +79,7 @@ _STATUS_BY_CODE = {
     UNKNOWN_TABLE: HTTPStatus.NOT_FOUND,
     UNKNOWN_DATABASE: HTTPStatus.NOT_FOUND,
     READONLY: HTTPStatus.FORBIDDEN,
+    SETTING_CONSTRAINT_VIOLATION: HTTPStatus.BAD_REQUEST,
     AUTHENTICATION_FAILED: HTTPStatus.UNAUTHORIZED,
 }
 """As a ClickHouse server answers: unknown table/database 404, syntax 400, read-only 403,
@@ -202,6 +204,11 @@ class _Queries:
             check_settings(settings)
         except Refused as exc:
             self._refuse_write(str(exc))
+        try:
+            check_threads(settings, os.cpu_count() or 1)
+        except Refused as exc:
+            name = "SETTING_CONSTRAINT_VIOLATION"
+            raise QueryError(SETTING_CONSTRAINT_VIOLATION, str(exc), name) from None
         connection = chdb.connect(self.engine_path)
         try:
             statement = self._prepare(connection, sql, bind, settings, params.get("database"))

@@ -176,6 +176,20 @@ def check_settings(names: Iterable[str]) -> None:
         )
 
 
+def check_threads(settings: Mapping[str, str], cores: int) -> None:
+    """Raise Refused for a max_threads above `cores`: the engine of a chdb store keeps every
+    thread a query starts, idle, for the life of the process that holds it (its memory crept
+    with ~150 of them: docs/benchmarks.md, the sink's creep)."""
+    asked = settings.get("max_threads", "auto").strip()
+    if asked.lower() == "auto":
+        return
+    if not asked.isdigit() or int(asked) > cores:
+        raise Refused(
+            f"max_threads {asked} is more than the {cores} cores of the process holding the "
+            f"store, whose engine would keep each thread it started: ask for {cores} or fewer"
+        )
+
+
 def _kind(line: str) -> str:
     return line.lstrip(" ").split(" ", 1)[0]
 

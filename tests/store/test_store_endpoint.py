@@ -218,6 +218,18 @@ def test_the_endpoint_speaks_clickhouse_http(store: Store) -> None:
     assert http(endpoint, "SELECT 1", readonly="0", database="default")[2] == b"1\n"
 
 
+def test_a_reader_cannot_make_the_holder_keep_more_threads_than_cores(store: Store) -> None:
+    """The holder's engine keeps every thread a query starts, idle, for the life of the sink
+    (tests/store/test_store_threads.py): a reader asking for thousands would leave them there."""
+    endpoint = store.serve()
+    cores = os.cpu_count() or 1
+    status, headers, body = http(endpoint, "SELECT 1", max_threads=str(cores * 1000))
+    assert (status, headers["X-ClickHouse-Exception-Code"]) == (400, "452"), body
+    assert f"max_threads {cores * 1000}" in body.decode() and f"{cores} cores" in body.decode()
+    assert http(endpoint, "SELECT 1", max_threads=str(cores))[:3:2] == (200, b"1\n")
+    assert http(endpoint, "SELECT 1", max_threads="auto")[:3:2] == (200, b"1\n")
+
+
 def test_serving_leaves_the_inserting_thread_alone(store: Store) -> None:
     endpoint = store.serve()
     errors: list[BaseException] = []
