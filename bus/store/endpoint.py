@@ -130,6 +130,8 @@ class _Queries:
         self.timezone = timezone
         self.token = token
         self.guard = Guard()
+        self.cores = os.cpu_count() or 1
+        """The most threads a reader's query may ask for (guard.check_threads)."""
 
     async def handle(self, request: Request) -> Response:
         params = dict(request.query_params)  # a repeated parameter counts once: its last value
@@ -205,7 +207,7 @@ class _Queries:
         except Refused as exc:
             self._refuse_write(str(exc))
         try:
-            check_threads(settings, os.cpu_count() or 1)
+            check_threads(settings, self.cores)
         except Refused as exc:
             name = "SETTING_CONSTRAINT_VIOLATION"
             raise QueryError(SETTING_CONSTRAINT_VIOLATION, str(exc), name) from None

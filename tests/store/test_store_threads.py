@@ -1,11 +1,5 @@
-"""Removing old parts starts no burst of threads (issue 35: the sink's memory crept).
-
-ClickHouse removes a table's inactive parts on up to 128 threads once they number 100 or more
-(concurrent_part_removal_threshold), and those threads come from its global pool, which keeps
-up to 1000 idle threads for the life of the process (chdb does not take the server setting
-that lowers it): the sink's first cleanup left ~130 idle threads, each holding its stack and
-its allocator's cache, and its resident memory crept as they took turns. Run in a child
-process: one engine per process."""
+"""Removing old parts starts no burst of threads (issue 35: the sink's memory crept; migration
+0012 says how). Run in a child process: one engine per process."""
 
 from __future__ import annotations
 
