@@ -308,7 +308,9 @@ def test_a_run_trains_on_a_v1_task_set_with_tokens_and_versions_stored(
 ) -> None:
     """Two GRPO steps on `verifiers:reverse_text` (a tiny model, every role in this process, the
     real broker and chdb): each rollout played by V1's own harness through the interception
-    server, stored with its token record and scored, and each step's weights announced."""
+    server, and each one trained on stored with its token record and scored; each step's
+    weights announced. (Rollouts still in flight when the run stops at max_steps need not be
+    scored: the judge's group picks them up if the run resumes.)"""
     settings = module_settings(broker, tmp_path)
     base = tmp_path / "tiny"
     init_model(base, arch="llama", seed=0)
@@ -316,16 +318,26 @@ def test_a_run_trains_on_a_v1_task_set_with_tokens_and_versions_stored(
     entry = cfg.envs["reverse_text"].model_copy(update={"path": "verifiers:reverse_text"})
     cfg = cfg.model_copy(update={"max_steps": 2, "envs": {"reverse_text": entry}})
     asyncio.run(run_in_process(cfg, EXAMPLES / "reverse_text", timeout_s=300))
+    trained = (
+        "SELECT DISTINCT JSONExtractString(sample, 'rollout_id') FROM batches FINAL "
+        "ARRAY JOIN JSONExtractArrayRaw(samples) AS sample WHERE run_id = {r:String}"
+    )
     with open_store(settings.store.url, read_only=True) as store:
         counts = store.query(
             "SELECT (SELECT count() FROM rollouts FINAL WHERE run_id = {r:String}), "
             "(SELECT countIf(status = 'error') FROM rollouts FINAL WHERE run_id = {r:String}), "
-            "(SELECT count() FROM scored FINAL WHERE run_id = {r:String}), "
-            "(SELECT uniqExact(rollout_id) FROM tokens FINAL WHERE run_id = {r:String}), "
+            f"(SELECT count() FROM ({trained})), "
+            "(SELECT count() FROM rollouts FINAL WHERE run_id = {r:String} "
+            f"AND rollout_id IN ({trained})), "
+            "(SELECT uniqExact(rollout_id) FROM scored FINAL WHERE run_id = {r:String} "
+            f"AND rollout_id IN ({trained})), "
+            "(SELECT uniqExact(rollout_id) FROM tokens FINAL WHERE run_id = {r:String} "
+            f"AND rollout_id IN ({trained})), "
             "(SELECT count() FROM weight_versions FINAL WHERE run_id = {r:String})",
             {"r": cfg.run_id},
         ).rows[0]
-    rollouts, errors, scored, with_tokens, versions = counts
+    rollouts, errors, trained_on, stored, scored, with_tokens, versions = counts
     assert rollouts >= 2 * 4 * 4 and errors == 0
-    assert scored == rollouts and with_tokens == rollouts
+    assert trained_on == 2 * 4 * 4
+    assert stored == scored == with_tokens == trained_on
     assert versions >= 2
