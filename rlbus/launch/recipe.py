@@ -65,6 +65,41 @@ def reverse_teacher(prompt_ids: list[int]) -> list[int]:
     return [*words[-1][::-1], IM_END] if words else [IM_END]
 
 
+def chat_teacher(tokenizer: str | Path, answer: Callable[[str], str]) -> Teacher:
+    """A teacher for a model with its own tokenizer and chat template (SmolLM2's ChatML, say):
+    `answer` maps the prompt's text, up to where the model's turn opens, to the right answer's
+    text, which is returned as the tokenizer's ids followed by the token that ends a turn."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    # What the template puts after a user turn's text: the turn's end, then the model's turn
+    # opening. Its first token is the one the model ends its own turn with.
+    sentinel = "\x00"
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": sentinel}], tokenize=False, add_generation_prompt=True
+    )
+    after_user = str(rendered).rsplit(sentinel, 1)[1]
+    end_of_turn = tok.encode(after_user, add_special_tokens=False)[0]
+
+    def teach(prompt_ids: list[int]) -> list[int]:
+        text = tok.decode(prompt_ids)
+        if not text.endswith(after_user):
+            raise ValueError(
+                f"the prompt does not end as {tokenizer}'s chat template opens the model's "
+                f"turn ({after_user!r}): ...{text[-80:]!r}"
+            )
+        reply = answer(text[: -len(after_user)])
+        return [*tok.encode(reply, add_special_tokens=False), end_of_turn]
+
+    return teach
+
+
+def reversed_last_word(text: str) -> str:
+    """reverse_text's right answer to a prompt's text: its last lowercase word, reversed."""
+    words = re.findall(r"[a-z]+", text)
+    return words[-1][::-1] if words else ""
+
+
 def init_terse_model(path: Path, seed: int = 0) -> Path:
     """`rlbus model init` (tiny llama, byte tokenizer) with the terse chat template."""
     from transformers import AutoTokenizer

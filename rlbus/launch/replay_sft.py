@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rlbus.bus import Bus
 from rlbus.bus.store import open_store
-from rlbus.bus.store.reads.replay import STEPS
+from rlbus.bus.store.reads.replay import LANDED, STEPS
 from rlbus.config.runs import ReplayConfig
 from rlbus.consumers.orchestrator.stored_samples import StoredSamples, stored_samples
 from rlbus.consumers.trainer.batch_trainer import step_event
@@ -130,7 +130,7 @@ def replay_sft(
     store_timeout_s: float = 120,
 ) -> ReplayResult:
     """Train on the selected rollouts' samples (`stored`, read here when None) and return once
-    every step is in the store."""
+    every step and the model it wrote are in the store."""
     stored = stored or read_samples(cfg, selection)
     run_id = replay_run_id(cfg)
     with local_broker(cfg) as (live, _), local_sink(live) as sink:
@@ -141,10 +141,10 @@ def replay_sft(
             )
         results = asyncio.run(_train(live, run_id, stored.samples, model, out, on_step))
         sink.wait_landed(
-            STEPS,
+            LANDED,
             {"run": run_id},
-            cfg.steps,
-            f"{cfg.steps} train steps of run {run_id} in the store",
+            cfg.steps + 2,
+            f"{cfg.steps} train steps and 2 weight versions of run {run_id} in the store",
             store_timeout_s,
         )
     return ReplayResult(run_id, stored, results)
