@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from rlbus.bus import Bus
 from rlbus.clients.replicas import Roster
+from rlbus.config.orchestrator import EnvEntry
 from rlbus.config.runs import RunConfig
 from rlbus.consumers.orchestrator.algorithms import Context, make_algorithm
 from rlbus.consumers.orchestrator.join import Joiner
@@ -22,13 +23,18 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
+def env_spec(entry: EnvEntry, base_dir: Path) -> str:
+    """What load_environment takes for a run config's environment: its path made relative to
+    the config's directory where it is one, a module:Class spec as it is."""
+    path = Path(entry.path) if Path(entry.path).is_absolute() else base_dir / entry.path
+    return str(path) if path.exists() else entry.path
+
+
 def load_envs(cfg: RunConfig, base_dir: Path) -> dict[str, Environment]:
-    envs = {}
-    for name, entry in cfg.envs.items():
-        path = Path(entry.path) if Path(entry.path).is_absolute() else base_dir / entry.path
-        spec = str(path) if path.exists() else entry.path  # module:Class specs are not paths
-        envs[name] = load_environment(spec, {**entry.overrides, "id": name})
-    return envs
+    return {
+        name: load_environment(env_spec(entry, base_dir), {**entry.overrides, "id": name})
+        for name, entry in cfg.envs.items()
+    }
 
 
 def build_orchestrator(bus: Bus, cfg: RunConfig, base_dir: Path) -> Orchestrator:

@@ -21,6 +21,7 @@ from pathlib import Path
 from rlbus.config import deep_merge, load_settings
 from rlbus.config.runs import ReplayConfig, load_run_config
 from rlbus.console import console, progress
+from rlbus.consumers.orchestrator.build import env_spec
 from rlbus.discovery import local_broker
 from rlbus.environment import load_environment
 from rlbus.launch import recipe
@@ -45,14 +46,14 @@ def main() -> None:
     args = parser.parse_args()
 
     rl = load_run_config(args.rl_config, ["--model", str(args.model)])
+    settings = rl.base()
     entry = rl.envs[args.env]
-    local = args.rl_config.parent / entry.path
-    env_spec = str(local) if local.exists() else entry.path
-    env = load_environment(env_spec, entry.overrides)
+    spec = env_spec(entry, args.rl_config.parent)
+    env = load_environment(spec, entry.overrides)
     teacher_run, sft_run = f"{args.run_id}-teacher", f"{args.run_id}-sft"
     tasks = recipe.train_tasks(env, teacher_run, args.tasks, rl.orchestrator.held_out_fraction)
     teacher = recipe.chat_teacher(args.model, recipe.reversed_last_word)
-    with local_broker(rl.base()) as (live, _), local_sink(live) as sink:
+    with local_broker(settings) as (live, _), local_sink(live) as sink:
         with progress(NOTE) as bars:
             task = bars.add_task("teacher", total=len(tasks), note="")
             scored = asyncio.run(
@@ -63,7 +64,7 @@ def main() -> None:
                     sink,
                     len(tasks),
                     tasks,
-                    env_spec=env_spec,
+                    env_spec=spec,
                     overrides=entry.overrides,
                     on_count=lambda done: bars.update(task, completed=done),
                 )
@@ -73,7 +74,7 @@ def main() -> None:
     with args.sft_config.open("rb") as f:
         table = tomllib.load(f)
     replay = load_settings(
-        overrides=deep_merge(deep_merge(rl.base().model_dump(), table), {"run_id": sft_run}),
+        overrides=deep_merge(deep_merge(settings.model_dump(), table), {"run_id": sft_run}),
         model=ReplayConfig,
     )
     with progress(NOTE) as bars:

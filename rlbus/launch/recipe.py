@@ -48,7 +48,6 @@ TERSE_TEMPLATE = (
 headers."""
 HELD_OUT_FRACTION = OrchestratorConfig().held_out_fraction
 """The share of the task set no run trains on (the orchestrator's default)."""
-WORD = re.compile(rb"([a-z]+)")
 
 Teacher = Callable[[list[int]], list[int]]
 """Prompt token ids -> the right answer's token ids, ending with <|im_end|>."""
@@ -60,9 +59,10 @@ def prompt_bytes(prompt_ids: list[int]) -> bytes:
 
 
 def reverse_teacher(prompt_ids: list[int]) -> list[int]:
-    """reverse_text's right answer to the last word in the prompt, as byte tokens + <|im_end|>."""
-    words = WORD.findall(prompt_bytes(prompt_ids))
-    return [*words[-1][::-1], IM_END] if words else [IM_END]
+    """reverse_text's right answer to a byte-tokenizer prompt, as byte tokens + <|im_end|>."""
+    # latin-1 maps each byte to one character and back: no prompt byte fails to decode
+    answer = reversed_last_word(prompt_bytes(prompt_ids).decode("latin-1"))
+    return [*answer.encode("latin-1"), IM_END]
 
 
 def chat_teacher(tokenizer: str | Path, answer: Callable[[str], str]) -> Teacher:
