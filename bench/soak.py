@@ -11,17 +11,18 @@ role a process on the embedded broker, sampled every minute for what grows.
    committed offsets), and rollouts stored per run (rollouts/s between samples).
 
 4. when Tansu holds more than --broker-max-mb (kafka.embedded_max_rss_mb; checked at each
-   sample, at most once a minute), the broker is handed over as `rlbus run` does it (every role
-   stopped, the unfinished messages carried to a fresh broker, every role resumed; the eval run
-   stopped and started around it): its RSS is then a sawtooth under the limit, and each
-   handover's pause is listed. A role's RSS series goes on across its restarts.
+   sample, at most once a minute), or at the minutes of --handover-at, the broker is handed
+   over as `rlbus run` does it (every role stopped, the unfinished messages carried to a fresh
+   broker, every role resumed; the eval run stopped and started around it): its RSS is then a
+   sawtooth under the limit, and each handover's pause is listed. A role's RSS series goes on
+   across its restarts.
 
 After --warmup-minutes each series' least-squares slope is printed. The samples are written
 as they come to <workdir>/soak.jsonl and the roles' logs to <workdir>/.../logs, so a run left
 unattended keeps what it measured even if a role dies (the soak then stops, naming it).
 
     python bench/soak.py [--minutes 60] [--sample-s 60] [--warmup-minutes M] [--workdir DIR]
-                         [--broker-max-mb MB]
+                         [--broker-max-mb MB] [--handover-at MIN,MIN]
 
 A handover restarts every role, so with handovers every few minutes the longest stretch holds
 few samples: each process's memory is also fitted within every lifetime (a slope with an
@@ -94,7 +95,11 @@ class Sample:
     """The sink's ClickHouse engine, as it counts itself: "tracked" (MemoryTracking),
     "jemalloc allocated" and "jemalloc resident" (its allocator serves only the engine); the
     sink's anonymous RSS less the resident part is Python's and Arrow's."""
+    engine_counts: dict[str, int] = field(default_factory=dict)
+    """The sink's engine, counted by itself: its global pool's threads ("GlobalThread", idle ones
+    included) and its parts ("PartsActive", "PartsOutdated": merged away, kept a while)."""
     open_files: dict[str, int] = field(default_factory=dict)
+    threads: dict[str, int] = field(default_factory=dict)
     cpu_s: dict[str, float] = field(default_factory=dict)
     """CPU seconds (user + system) each process has used so far."""
     fd_kinds: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -114,9 +119,9 @@ class Sample:
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def proc_stats(pid: int) -> tuple[float, float, int, float] | None:
-    """(RSS and its anonymous part in MB, open file descriptors, CPU seconds so far) of a live
-    process."""
+def proc_stats(pid: int) -> tuple[float, float, int, int, float] | None:
+    """(RSS and its anonymous part in MB, open file descriptors, threads, CPU seconds so far) of
+    a live process."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         fds = len(os.listdir(f"/proc/{pid}/fd"))
@@ -126,11 +131,12 @@ def proc_stats(pid: int) -> tuple[float, float, int, float] | None:
     kb = {
         line.split(":")[0]: int(line.split()[1])
         for line in status.splitlines()
-        if line.startswith(("VmRSS:", "RssAnon:"))
+        if line.startswith(("VmRSS:", "RssAnon:", "Threads:"))
     }
     # Fields after the command name (which may hold spaces): utime and stime are 14 and 15.
     utime, stime = stat.rpartition(")")[2].split()[11:13]
-    return kb["VmRSS"] / 1024, kb["RssAnon"] / 1024, fds, (int(utime) + int(stime)) / TICKS
+    cpu_s = (int(utime) + int(stime)) / TICKS
+    return kb["VmRSS"] / 1024, kb["RssAnon"] / 1024, fds, kb["Threads"], cpu_s
 
 
 def fd_kinds(pid: int) -> dict[str, int]:
@@ -148,13 +154,16 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
+ENGINE_COUNTS = ("GlobalThread", "PartsActive", "PartsOutdated")
+
+
 def store_figures(
     settings: Settings,
-) -> tuple[dict[str, int], dict[str, int], dict[str, float]]:
-    """(bytes by table, rollouts by run, the engine's own memory figures in MB), through the
-    sink's read-only endpoint (its queries run in the sink's engine)."""
+) -> tuple[dict[str, int], dict[str, int], dict[str, float], dict[str, int]]:
+    """(bytes by table, rollouts by run, the engine's own memory figures in MB, its threads and
+    parts), through the sink's read-only endpoint (its queries run in the sink's engine)."""
     if not store_served_elsewhere(settings):
-        return {}, {}, {}
+        return {}, {}, {}, {}
     with open_store(settings.store.url, read_only=True) as store:
         tables = store.query(
             "SELECT concat(database, '.', table), sum(bytes_on_disk) FROM system.parts "
@@ -162,7 +171,16 @@ def store_figures(
         ).rows
         runs = store.query("SELECT run_id, count() FROM rollouts GROUP BY run_id").rows
         engine = store.engine_memory_mb()
-    return {str(t): int(b) for t, b in tables}, {str(r): int(n) for r, n in runs}, engine
+        counts = store.query(
+            "SELECT metric, value FROM system.metrics WHERE metric IN {names:Array(String)}",
+            {"names": list(ENGINE_COUNTS)},
+        ).rows
+    return (
+        {str(t): int(b) for t, b in tables},
+        {str(r): int(n) for r, n in runs},
+        engine,
+        {str(m): int(n) for m, n in counts},
+    )
 
 
 class RunOf(msgspec.Struct):
@@ -268,9 +286,11 @@ def sample(
     for name, pid in processes.items():
         stats = proc_stats(pid)
         if stats is not None:
-            s.rss_mb[name], s.anon_mb[name], s.open_files[name], s.cpu_s[name] = stats
+            s.rss_mb[name], s.anon_mb[name], s.open_files[name], s.threads[name], s.cpu_s[name] = (
+                stats
+            )
             s.fd_kinds[name] = fd_kinds(pid)
-    s.store_bytes, s.rollouts, s.engine_mb = store_figures(settings)
+    s.store_bytes, s.rollouts, s.engine_mb, s.engine_counts = store_figures(settings)
     s.claims_bytes = folder_bytes(workdir / "claims")
     s.checkpoint_bytes = folder_bytes(workdir / "checkpoints")
     return s
@@ -344,6 +364,10 @@ def report(
         row(f"  anonymous MB {name}", "anon_mb", name)
     for name in last.engine_mb:
         row(f"sink engine MB, {name}", "engine_mb", name)
+    for name in last.engine_counts:
+        row(f"sink engine, {name}", "engine_counts", name)
+    for name in last.threads:
+        row(f"threads {name}", "threads", name)
     for name in last.open_files:
         row(f"open files {name}", "open_files", name)
         before = first.fd_kinds.get(name, {})
@@ -536,6 +560,7 @@ async def watch(
     samples: list[Sample] = []
     handovers: list[tuple[float, Handover, float]] = []
     stopped_by = f"{args.minutes:g} minutes passed"
+    due = sorted(float(m) for m in args.handover_at.split(",") if m)
     started = time.monotonic()
     try:
         with Progress(console=console) as progress, (workdir / "soak.jsonl").open("a") as out:
@@ -546,7 +571,9 @@ async def watch(
                 if dead or (evals.stream is not None and evals.stream.done()):
                     stopped_by = f"{', '.join(dead) or 'the eval stream'} stopped"
                     break
-                if run.broker_full(settings):
+                forced = bool(due) and elapsed / 60 >= due[0]
+                if forced or run.broker_full(settings):
+                    due = due[1:] if forced else due
                     await evals.stop()
                     settings, _ = await asyncio.to_thread(run.replace_broker, settings, 600)
                     evals.start(settings)
@@ -676,6 +703,12 @@ def main() -> None:
         type=float,
         default=3.0,
         help="minutes of each lifetime after a handover left out of the slopes within lifetimes",
+    )
+    parser.add_argument(
+        "--handover-at",
+        default="",
+        help="hand the broker over at these minutes too, whatever it holds (12,40): a long "
+        "lifetime after a handover, to read the slopes of roles reopened on a grown store",
     )
     parser.add_argument(
         "--from-samples",
