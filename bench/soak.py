@@ -701,8 +701,10 @@ def main() -> None:
     parser.add_argument(
         "--restart-warmup-minutes",
         type=float,
-        default=3.0,
-        help="minutes of each lifetime after a handover left out of the slopes within lifetimes",
+        default=None,
+        help="minutes of each lifetime after a handover left out of the slopes within "
+        "lifetimes (default: --warmup-minutes; a reopened sink's engine takes as long to settle "
+        "as a new one's)",
     )
     parser.add_argument(
         "--handover-at",
@@ -721,6 +723,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.warmup_minutes is None:
         args.warmup_minutes = max(2.0, args.minutes / 5)
+    if args.restart_warmup_minutes is None:
+        args.restart_warmup_minutes = args.warmup_minutes
     if args.from_samples:
         lines = args.from_samples.read_text().splitlines()
         samples = [Sample(**json.loads(line)) for line in lines]
