@@ -100,6 +100,7 @@ class Sample:
     included) and its parts ("PartsActive", "PartsOutdated": merged away, kept a while)."""
     open_files: dict[str, int] = field(default_factory=dict)
     threads: dict[str, int] = field(default_factory=dict)
+    """Each process's threads (an engine's idle pool threads included)."""
     cpu_s: dict[str, float] = field(default_factory=dict)
     """CPU seconds (user + system) each process has used so far."""
     fd_kinds: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -128,7 +129,7 @@ def proc_stats(pid: int) -> tuple[float, float, int, int, float] | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    kb = {
+    figures = {
         line.split(":")[0]: int(line.split()[1])
         for line in status.splitlines()
         if line.startswith(("VmRSS:", "RssAnon:", "Threads:"))
@@ -136,7 +137,8 @@ def proc_stats(pid: int) -> tuple[float, float, int, int, float] | None:
     # Fields after the command name (which may hold spaces): utime and stime are 14 and 15.
     utime, stime = stat.rpartition(")")[2].split()[11:13]
     cpu_s = (int(utime) + int(stime)) / TICKS
-    return kb["VmRSS"] / 1024, kb["RssAnon"] / 1024, fds, kb["Threads"], cpu_s
+    rss_mb, anon_mb = figures["VmRSS"] / 1024, figures["RssAnon"] / 1024  # /proc gives kB
+    return rss_mb, anon_mb, fds, figures["Threads"], cpu_s
 
 
 def fd_kinds(pid: int) -> dict[str, int]:
@@ -572,8 +574,9 @@ async def watch(
                     stopped_by = f"{', '.join(dead) or 'the eval stream'} stopped"
                     break
                 forced = bool(due) and elapsed / 60 >= due[0]
+                if forced:
+                    due.pop(0)
                 if forced or run.broker_full(settings):
-                    due = due[1:] if forced else due
                     await evals.stop()
                     settings, _ = await asyncio.to_thread(run.replace_broker, settings, 600)
                     evals.start(settings)
