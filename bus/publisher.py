@@ -102,6 +102,7 @@ class Publisher:
             acks="all",
             enable_idempotence=False,  # unsupported by the embedded broker; consumers dedup instead
             linger_ms=self.kafka.linger_ms,
+            request_timeout_ms=self.kafka.request_timeout_ms,
             max_batch_size=1024 * 1024,
             max_request_size=self.kafka.max_request_size,
             # aiokafka documents any callable here but annotates its own class

@@ -12,11 +12,13 @@ import logging
 from collections import Counter
 from collections.abc import AsyncIterator
 
+from aiokafka.errors import KafkaError
+
 from rlbus.bus import Bus, Delivery
 from rlbus.bus.announcements import follow_announcements
 from rlbus.clients.replicas import Roster
 from rlbus.environment.loader import Environment
-from rlbus.producers.rollouts import RolloutRunner, trace_parents
+from rlbus.producers.rollouts import RolloutOutput, RolloutRunner, trace_parents
 from rlbus.schemas import TaskPublished
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,9 @@ class EnvProducer:
         self.rollouts = 0
         self.skipped: Counter[str] = Counter()
         """Tasks of other runs seen and left alone, by run."""
+        self.unpublished: dict[str, list[RolloutOutput]] = {}
+        """Groups whose publish the broker refused or timed out, by task event id, until it is
+        made again."""
 
     def _refusal(self, task: TaskPublished) -> str | None:
         """Why a task cannot be run, if it cannot; None for other environments' tasks."""
@@ -65,9 +70,15 @@ class EnvProducer:
             return
         if task.env != self.env.id:
             return
-        outputs = await self.runner.run_group(task)
+        # A publish the broker did not take is made again by the subscriber, which calls this
+        # again: the group that already ran goes out, not a new one under the same ids.
+        outputs = self.unpublished.pop(task.event_id, None) or await self.runner.run_group(task)
         events = [e for out in outputs for e in out.events()]
-        await self.bus.publish_many(events, trace_parents(outputs))
+        try:
+            await self.bus.publish_many(events, trace_parents(outputs))
+        except KafkaError:
+            self.unpublished[task.event_id] = outputs
+            raise
         self.rollouts += len(outputs)
 
 

@@ -33,6 +33,10 @@ class KafkaConfig(Section):
     it."""
     linger_ms: int = Field(default=5, ge=0)
     """Producer batching delay in milliseconds."""
+    request_timeout_ms: int = Field(default=40_000, ge=1)
+    """How long a publish waits for the broker to acknowledge it. Past this the consumer runs
+    its handler again after a pause (1 s, doubling up to 30 s): outputs keep their ids, and an
+    env producer publishes the rollouts it already ran rather than running them again."""
     fetch_max_records: int = Field(default=2000, ge=1)
     """Most records one consumer poll hands to a handler."""
     ack_ledger: str = ""
