@@ -271,13 +271,18 @@ class Store:
         final: bool = True,
         parameters: dict[str, Any] | None = None,
     ) -> list[E]:
-        """Stored events of `kind` in ORDER BY order; `where` is a SQL condition, and FINAL
-        collapses duplicates of an event_id that merges have not removed yet."""
+        """Stored events of `kind` in ORDER BY order; `where` is a SQL condition. `final`: one
+        event per id: FINAL collapses the duplicates merges have not removed yet, and an id
+        stored with two contents (a computation done twice, e.g. a task rolled out again after
+        a crash: the conflicts view) reads as its newest, so the pieces of one rollout come
+        from one attempt as long as its last attempt landed whole."""
         select = ", ".join(quote(c.name) for c in columns_of(kind))
-        sql = (
-            f"SELECT {select} FROM {quote(kind.table)}{' FINAL' if final else ''}"
-            f"{f' WHERE {where}' if where else ''} ORDER BY {', '.join(map(quote, kind.order_by))}"
+        rows = f"SELECT {select} FROM {quote(kind.table)}{' FINAL' if final else ''}" + (
+            f" WHERE {where}" if where else ""
         )
+        if final:
+            rows = f"SELECT * FROM ({rows} ORDER BY ts DESC LIMIT 1 BY event_id)"
+        sql = f"{rows} ORDER BY {', '.join(map(quote, kind.order_by))}"
         return arrow_to_events(kind, self.query_arrow(sql, parameters))
 
     def serve(self, host: str = "127.0.0.1", port: int = 0) -> StoreEndpoint:

@@ -92,7 +92,7 @@ def stored_rollouts(
         if not where.strip():
             raise
         raise RescoreError(f"cannot select rollouts --where {where!r}: {exc}") from exc
-    return list({r.rollout_id: r for r in found}.values())  # one per rollout, if stored twice
+    return found
 
 
 def _groups(

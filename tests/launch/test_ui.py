@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import uvicorn
 from playwright.sync_api import Page
@@ -95,9 +96,11 @@ def start_ui(
 def extras(store: Store, run: str, other: str) -> tuple[list, str, str, str]:
     """Events a live run could add: an errored rollout, a second score (a rescore) of a stored
     rollout, a dead letter, and a second run's rollouts of two of this run's tasks."""
+    # Two different tasks: a task redelivered under load is rolled out again under the same
+    # rollout id, and both copies of that rollout would otherwise be the first two rows.
     rows = store.query(
-        "SELECT rollout_id, task_id, group_id, prompt, env FROM rollouts FINAL "
-        "WHERE run_id = {run:String} ORDER BY rollout_id LIMIT 2",
+        "SELECT any(rollout_id), task_id, any(group_id), any(prompt), any(env) FROM rollouts "
+        "WHERE run_id = {run:String} GROUP BY task_id ORDER BY task_id LIMIT 2",
         {"run": run},
     ).rows
     (rescored, task, group, prompt, env), (_, other_task, *_) = rows
@@ -140,19 +143,21 @@ def extras(store: Store, run: str, other: str) -> tuple[list, str, str, str]:
     for t in (task, other_task):
         for sample in range(2):
             rollout = derived_id("other", t, sample)
+            rollout_completed = RolloutCompleted(
+                run_id=other,
+                rollout_id=rollout,
+                event_id=derived_id(rollout, "completed"),
+                group_id=derived_id("other-group", t),
+                task_id=t,
+                env=env,
+                sample_index=sample,
+                group_size=2,
+                prompt=prompt,
+                completion=[{"role": "assistant", "content": f"run B says {sample}"}],
+                duration_s=1.0,
+            )
             events += [
-                RolloutCompleted(
-                    run_id=other,
-                    rollout_id=rollout,
-                    group_id=derived_id("other-group", t),
-                    task_id=t,
-                    env=env,
-                    sample_index=sample,
-                    group_size=2,
-                    prompt=prompt,
-                    completion=[{"role": "assistant", "content": f"run B says {sample}"}],
-                    duration_s=1.0,
-                ),
+                rollout_completed,
                 RolloutScored(
                     run_id=other,
                     rollout_id=rollout,
@@ -164,6 +169,9 @@ def extras(store: Store, run: str, other: str) -> tuple[list, str, str, str]:
                     reward=float(sample),
                 ),
             ]
+    # A redelivered task rolled out again: the same ids, other timings (two contents, one id).
+    first = next(e for e in events if isinstance(e, RolloutCompleted) and e.run_id == other)
+    events.append(msgspec.structs.replace(first, duration_s=2.5))
     return events, errored, rescored, task
 
 
@@ -185,7 +193,7 @@ def world(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> I
             asyncio.run(publish(settings, events))
             wait_for(
                 lambda: store.query(
-                    "SELECT (SELECT count() FROM rollouts WHERE run_id = {o:String}) = 4 "
+                    "SELECT (SELECT count() FROM rollouts WHERE run_id = {o:String}) = 5 "
                     "AND (SELECT count() FROM dead_letters WHERE run_id = {r:String}) = 1 "
                     "AND (SELECT count() FROM scored WHERE rollout_id = {s:String}) = 2",
                     {"o": other, "r": run, "s": rescored},

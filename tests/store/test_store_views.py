@@ -32,9 +32,10 @@ def migrations_before_views() -> list[Migration]:
 VIEWS_ADDED_SINCE = {"weight_updates", "held_out_by_env_at", "held_out_by_env"}
 """Views first defined after views moved out of the migrations: an old store gains them when it
 migrates, as a fresh one has them."""
-VIEWS_CHANGED_SINCE = {"staleness", "throughput", "conflicts"}
+VIEWS_CHANGED_SINCE = {"staleness", "throughput", "conflicts", "latency", "errors_by_kind_at"}
 """Views whose files changed after the move (a step trained again counts once; conflicts covers
-the run health tables): an old store reads them as a fresh one does once it migrates."""
+the run health tables; a rollout stored with two contents counts once): an old store reads them
+as a fresh one does once it migrates."""
 
 
 def old_store(path: Path, migrations: list[Migration]) -> None:

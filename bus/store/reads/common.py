@@ -9,6 +9,22 @@ RUN_ENV = f"{RUN} AND env = {{env:String}}"
 AT_VERSION = "version = {version:String}"
 """The score views' choice ('' = each rollout's newest score): `NAME_at(version = ...)`."""
 
+ROLLOUTS = "uniqExact(rollout_id)"
+"""How many rollouts: a rollout stored with two contents (its task rolled out again under the
+same ids after a crash; the conflicts view lists it) is one rollout."""
+ERRORED_ROLLOUTS = "uniqExactIf(rollout_id, status != 'ok')"
+"""How many of them failed (ROLLOUTS)."""
+
+
+def rollouts_once(where: str, columns: str) -> str:
+    """A subquery of `columns` of the rollouts matching `where`, one row per rollout: a rollout
+    stored with two contents reads as its newest, as its own page shows it (ROLLOUTS)."""
+    return (
+        f"(SELECT {columns} FROM rollouts FINAL WHERE {where} "
+        "ORDER BY ts DESC LIMIT 1 BY rollout_id)"
+    )
+
+
 FINAL_STEP = (
     "SELECT count() FROM train_steps FINAL WHERE run_id = {run:String} AND step = {step:UInt32}"
 )
@@ -37,6 +53,12 @@ WHERE {where} GROUP BY scorer_version ORDER BY last_ts DESC, scorer_version
 """
 
 
+TEST_SPLIT = f"{RUN} AND JSONExtractString(info, 'split') = 'test'"
+"""A run's held-out rollouts (the orchestrator's evaluations, tasks never trained on)."""
+TRAIN_SPLIT = f"{RUN} AND JSONExtractString(info, 'split') = 'train'"
+"""A run's training rollouts."""
+
+
 def held_out_by_version(columns: str) -> str:
     """`columns` (over `s`, the scores) of a run's held-out rollouts (split 'test' in the
     rollout's info: the orchestrator's evaluations, tasks never trained on), one row per
@@ -46,9 +68,7 @@ def held_out_by_version(columns: str) -> str:
 SELECT JSONExtractInt(r.info, 'eval_version') AS version,
        {columns}
 FROM scored AS s FINAL
-INNER JOIN (SELECT rollout_id, info FROM rollouts FINAL
-            WHERE run_id = {{run:String}} AND JSONExtractString(info, 'split') = 'test') AS r
-        ON s.rollout_id = r.rollout_id
+INNER JOIN {rollouts_once(TEST_SPLIT, "rollout_id, info")} AS r ON s.rollout_id = r.rollout_id
 WHERE s.run_id = {{run:String}}
 GROUP BY version ORDER BY version
 """

@@ -4,7 +4,13 @@ one run's rollouts of one environment (`RUN_ENV`), their scores as the views rea
 
 from __future__ import annotations
 
-from rlbus.bus.store.reads.common import AT_VERSION, RUN_ENV, landed_scores, scorer_versions_sql
+from rlbus.bus.store.reads.common import (
+    AT_VERSION,
+    RUN_ENV,
+    landed_scores,
+    rollouts_once,
+    scorer_versions_sql,
+)
 
 SCORES = f"scores_at({AT_VERSION})"
 """The scores the summary counts."""
@@ -37,12 +43,15 @@ PASSED_BY_TASK = (
     f"FROM {SCORES} WHERE {RUN_ENV} GROUP BY task_id"
 )
 """Each task's rollouts and how many passed (pass@k's n and c)."""
-TOKENS = f"SELECT sum(prompt_tokens), sum(completion_tokens) FROM rollouts FINAL WHERE {RUN_ENV}"
+TOKENS = (
+    "SELECT sum(prompt_tokens), sum(completion_tokens) "
+    f"FROM {rollouts_once(RUN_ENV, 'prompt_tokens, completion_tokens')}"
+)
 ERRORS = (
     "SELECT if(r.status = 'error', r.error_kind, 'reward') AS kind, count() "
     f"FROM (SELECT rollout_id FROM {SCORES} WHERE {RUN_ENV} AND status = 'error') AS s "
     "INNER JOIN "
-    f"(SELECT rollout_id, status, error_kind FROM rollouts FINAL WHERE {RUN_ENV}) AS r "
+    f"{rollouts_once(RUN_ENV, 'rollout_id, status, error_kind')} AS r "
     "ON s.rollout_id = r.rollout_id "
     "GROUP BY kind ORDER BY kind"
 )

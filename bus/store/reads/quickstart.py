@@ -4,10 +4,11 @@ the recipe's (reads/recipe.py)."""
 
 from __future__ import annotations
 
+from rlbus.bus.store.reads.common import ROLLOUTS, RUN
 from rlbus.schemas import TOPICS
 
 COUNTS = {
-    "rollouts": "SELECT count() FROM rollouts FINAL WHERE run_id = {run:String}",
+    "rollouts": f"SELECT {ROLLOUTS} FROM rollouts WHERE {RUN}",
     "events": "SELECT sum(n) FROM ("
     + " UNION ALL ".join(
         f"SELECT count() AS n FROM {kind.table} FINAL WHERE run_id = {{run:String}}"

@@ -5,13 +5,19 @@ each rollout's newest)."""
 
 from __future__ import annotations
 
-from rlbus.bus.store.reads.common import AT_VERSION, RUN, scorer_versions_sql
+from rlbus.bus.store.reads.common import (
+    AT_VERSION,
+    ERRORED_ROLLOUTS,
+    ROLLOUTS,
+    RUN,
+    scorer_versions_sql,
+)
 
 RUN_WHERE = f"WHERE {RUN}"
 RUN_SUMMARY = f"""
 SELECT groupUniqArrayIf(env, env != '') AS envs, groupUniqArrayIf(model, model != '') AS models,
-       groupUniqArrayIf(harness, harness != '') AS harnesses, count() AS rollouts,
-       countIf(status != 'ok') AS errors, min(ts) AS first_ts, max(ts) AS last_ts,
+       groupUniqArrayIf(harness, harness != '') AS harnesses, {ROLLOUTS} AS rollouts,
+       {ERRORED_ROLLOUTS} AS errors, min(ts) AS first_ts, max(ts) AS last_ts,
        (SELECT max(step) FROM train_steps {RUN_WHERE}) AS steps,
        (SELECT count() FROM train_steps {RUN_WHERE}) AS steps_stored
 FROM rollouts FINAL {RUN_WHERE}

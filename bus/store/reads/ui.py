@@ -6,14 +6,14 @@ read-only path), so it has none here."""
 
 from __future__ import annotations
 
-from rlbus.bus.store.reads.common import RUN
+from rlbus.bus.store.reads.common import ERRORED_ROLLOUTS, ROLLOUTS, RUN
 
 # -- runs ----------------------------------------------------------------------------
 
-RUNS_ROLLOUTS = """
+RUNS_ROLLOUTS = f"""
 SELECT run_id, groupUniqArrayIf(8)(env, env != '') AS envs,
        groupUniqArrayIf(4)(model, model != '') AS models,
-       count() AS rollouts, countIf(status != 'ok') AS errors,
+       {ROLLOUTS} AS rollouts, {ERRORED_ROLLOUTS} AS errors,
        min(ts) AS first_ts, max(ts) AS last_ts
 FROM rollouts FINAL GROUP BY run_id
 """
@@ -134,6 +134,7 @@ SELECT r.rollout_id AS rollout_id, r.sample_index AS sample_index, r.status AS s
        r.min_policy_version AS version, s.reward AS reward
 FROM (
     SELECT * FROM rollouts FINAL WHERE run_id = {run:String} AND task_id = {task:String}
+    ORDER BY ts DESC LIMIT 1 BY rollout_id
 ) AS r
 LEFT JOIN (
     SELECT rollout_id, argMax(reward, ts) AS reward FROM scored
@@ -141,4 +142,6 @@ LEFT JOIN (
 ) AS s ON r.rollout_id = s.rollout_id
 ORDER BY version, sample_index
 """
-"""A run's rollouts of one task, each with its newest reward."""
+"""A run's rollouts of one task, each with its newest reward. A rollout stored with two
+contents (its task rolled out again after a crash: the conflicts view) shows its newest, as its
+own page does (ROLLOUT)."""

@@ -19,7 +19,14 @@ SELECT
     quantileExactInclusive(0.5)(greatest(r.`duration_s` - c.`model_s`, 0)) AS `harness_p50_s`,
     quantileExactInclusive(0.9)(greatest(r.`duration_s` - c.`model_s`, 0)) AS `harness_p90_s`,
     if(sum(r.`duration_s`) > 0, sum(c.`model_s`) / sum(r.`duration_s`), NULL) AS `model_share`
-FROM `rollouts` AS r FINAL
+FROM
+(
+    -- One row per rollout: one stored with two contents (its task rolled out again under the
+    -- same ids after a crash) counts as its newest. Keyed by run and env too, so a filter on
+    -- either still reaches the table.
+    SELECT `run_id`, `env`, `rollout_id`, `duration_s` FROM `rollouts` FINAL
+    ORDER BY `ts` DESC LIMIT 1 BY `run_id`, `env`, `rollout_id`
+) AS r
 LEFT JOIN
 (
     SELECT
@@ -28,7 +35,11 @@ LEFT JOIN
         count() AS `calls`,
         sum(`duration_s`) AS `model_s`,
         groupArray(`duration_s`) AS `call_s`
-    FROM `tokens` FINAL
+    FROM
+    (
+        SELECT `run_id`, `rollout_id`, `duration_s` FROM `tokens` FINAL
+        ORDER BY `ts` DESC LIMIT 1 BY `run_id`, `rollout_id`, `event_id`
+    )
     GROUP BY `run_id`, `rollout_id`
 ) AS c ON r.`run_id` = c.`run_id` AND r.`rollout_id` = c.`rollout_id`  -- a run's filter reaches both sides
 GROUP BY `run_id`, `env`;

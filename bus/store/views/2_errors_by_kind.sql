@@ -9,7 +9,7 @@ SELECT
     `env`,
     'rollout' AS `stage`,
     if(`error_kind` = '', 'unknown', toString(`error_kind`)) AS `kind`,
-    count() AS `errors`,
+    uniqExact(`rollout_id`) AS `errors`,  -- a rollout stored with two contents fails once
     max(`ts`) AS `last_ts`,
     argMax(`error`, `ts`) AS `last_error`
 FROM `rollouts` FINAL
