@@ -12,10 +12,9 @@ import logging
 from collections import Counter
 from collections.abc import AsyncIterator
 
-from aiokafka.errors import KafkaError
-
 from rlbus.bus import Bus, Delivery
 from rlbus.bus.announcements import follow_announcements
+from rlbus.bus.unsent import Unsent
 from rlbus.clients.replicas import Roster
 from rlbus.environment.loader import Environment
 from rlbus.producers.rollouts import RolloutOutput, RolloutRunner, trace_parents
@@ -41,9 +40,8 @@ class EnvProducer:
         self.rollouts = 0
         self.skipped: Counter[str] = Counter()
         """Tasks of other runs seen and left alone, by run."""
-        self.unpublished: dict[str, list[RolloutOutput]] = {}
-        """Groups whose publish the broker refused or timed out, by task event id, until it is
-        made again."""
+        self.unsent: Unsent[list[RolloutOutput]] = Unsent()
+        """Groups that ran but whose publish the broker refused or timed out."""
 
     def _refusal(self, task: TaskPublished) -> str | None:
         """Why a task cannot be run, if it cannot; None for other environments' tasks."""
@@ -70,15 +68,11 @@ class EnvProducer:
             return
         if task.env != self.env.id:
             return
-        # A publish the broker did not take is made again by the subscriber, which calls this
-        # again: the group that already ran goes out, not a new one under the same ids.
-        outputs = self.unpublished.pop(task.event_id, None) or await self.runner.run_group(task)
+        key = task.event_id
+        outputs = await self.unsent.computed(key, lambda: self.runner.run_group(task))
         events = [e for out in outputs for e in out.events()]
-        try:
+        with self.unsent.kept_if_refused({key: outputs}):
             await self.bus.publish_many(events, trace_parents(outputs))
-        except KafkaError:
-            self.unpublished[task.event_id] = outputs
-            raise
         self.rollouts += len(outputs)
 
 

@@ -19,8 +19,9 @@ import time
 from typing import cast
 
 from rlbus.bus import Bus, Delivery, telemetry
+from rlbus.bus.unsent import Unsent
 from rlbus.environment.loader import Environment
-from rlbus.environment.scoring import Scorer
+from rlbus.environment.scoring import Scorer, Scoring
 from rlbus.schemas import RolloutCompleted
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,9 @@ class Judge:
         self.scored = 0
         self.incomplete = 0
         """Groups scored as errors because they never completed."""
+        self.unsent: Unsent[Scoring] = Unsent()
+        """Scores computed but not taken by the broker: an LLM judge asked again may grade
+        otherwise."""
 
     def _ready(self, delivery: Delivery, rollout: RolloutCompleted) -> list[Delivery] | None:
         if not self.scorers[rollout.env].needs_group:
@@ -65,19 +69,26 @@ class Judge:
     async def _score(self, groups: list[list[Delivery]], failed: str = "") -> None:
         """Score the groups, publish the scores, then let their messages be committed."""
         rollouts = [[cast(RolloutCompleted, d.event) for d in group] for group in groups]
+        # A group's key: its rollouts' event ids, and why it failed (an expired group's scores
+        # are errors), so a call made again finds the scores the first one computed.
+        keys = ["\n".join([failed, *sorted(r.event_id for r in rs)]) for rs in rollouts]
         results = await asyncio.gather(
             *(
-                self.scorers[rs[0].env].scoring(
-                    rs, failed, **telemetry.joining(d.headers for d in group)
+                self.unsent.computed(
+                    key,
+                    lambda rs=rs, group=group: self.scorers[rs[0].env].scoring(
+                        rs, failed, **telemetry.joining(d.headers for d in group)
+                    ),
                 )
-                for rs, group in zip(rollouts, groups, strict=True)
+                for key, rs, group in zip(keys, rollouts, groups, strict=True)
             )
         )
         events = [e for scoring in results for e in scoring.events()]
         if events:
             traced = telemetry.enabled()
             parents = {k: v for s in results for k, v in s.parents().items()} if traced else None
-            await self.bus.publish_many(events, parents)
+            with self.unsent.kept_if_refused(dict(zip(keys, results, strict=True))):
+                await self.bus.publish_many(events, parents)
             self.scored += sum(len(scoring.scored) for scoring in results)
         for group in groups:
             for delivery in group:

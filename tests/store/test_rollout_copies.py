@@ -1,7 +1,7 @@
 """A rollout stored with two contents counts once in every figure a user reads.
 
 A task rolled out again under the same rollout ids (its producer killed after publishing and
-before committing; until this test's commit, also a publish the broker timed out:
+before committing; until 2b47e85, also a publish the broker timed out:
 tests/history/test_broker_stall.py) leaves a second content beside the first, and the store
 keeps both (the conflicts view). CI at 367be5d showed the compare page listing both copies; the
 figures below (the runs page, a run's page, the quickstart, the eval summary, the recipe's

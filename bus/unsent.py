@@ -1,0 +1,40 @@
+"""Outputs a handler computed but the broker did not take, kept for the handler's next call.
+
+After a broker error the subscriber runs the handler again (Subscriber's
+`_until_the_broker_takes_it`). What the first call computed must go out as it was: a second
+rollout of a task, or an LLM judge's second grade, is other content under the same derived ids,
+which the store keeps beside the first (the conflicts view)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Generic, TypeVar
+
+from aiokafka.errors import KafkaError
+
+T = TypeVar("T")
+
+
+class Unsent(Generic[T]):
+    """Outputs by the key of their input (its event id, or its events' ids joined), from a
+    refused publish until the next call takes them."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, T] = {}
+
+    async def computed(self, key: str, compute: Callable[[], Awaitable[T]]) -> T:
+        """What was kept for `key`, else what `compute` makes now."""
+        if key in self._kept:
+            return self._kept.pop(key)
+        return await compute()
+
+    @contextlib.contextmanager
+    def kept_if_refused(self, outputs: Mapping[str, T]) -> Iterator[None]:
+        """Keep `outputs` when the publish inside fails on a broker error (which the subscriber
+        answers by calling the handler again); any other error drops them with the input."""
+        try:
+            yield
+        except KafkaError:
+            self._kept.update(outputs)
+            raise
