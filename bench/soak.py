@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -393,10 +394,10 @@ def report(
         title=f"RSS growth within every lifetime ({len(handed_over) + 1} stretches, "
         f"{warmups[0]:g} min skipped after the start, {warmups[1]:g} after a handover)"
     )
-    for col in ("process", "MB per hour"):
+    for col in ("process", "MB per hour", "standard error"):
         lifetimes.add_column(col, justify="right" if col != "process" else "left")
-    for name, mb in rss.items():
-        lifetimes.add_row(name, f"{mb:+.1f}")
+    for name, (mb, error) in rss.items():
+        lifetimes.add_row(name, f"{mb:+.1f}", f"{error:.1f}")
     console.print(lifetimes)
     cpu_table(after)
     if counted is not None:
@@ -412,13 +413,14 @@ def report(
     rollouts_per_h = per_hour(after, "rollouts")
     store_per_h = per_hour(after, "store_bytes")
     per_rollout = store_per_h / rollouts_per_h if rollouts_per_h else float("nan")
-    roles = {n: mb for n, mb in rss.items() if n != "tansu"}
+    roles = {n: mb for n, (mb, _) in rss.items() if n != "tansu"}
     worst = max(roles, key=lambda n: roles[n]) if roles else "-"
     print(
         f"RESULT rss_growth_mb_per_h={roles.get(worst, 0.0):.1f} "
+        f"rss_growth_error_mb_per_h={rss[worst][1] if worst in rss else 0.0:.1f} "
         f"store_bytes_per_rollout={per_rollout:.0f} "
         f"lag_growth={per_hour(after, 'lag'):.0f} worst_role={worst.replace(' ', '_')} "
-        f"broker_rss_growth_mb_per_h={rss.get('tansu', 0.0):.1f} "
+        f"broker_rss_growth_mb_per_h={rss.get('tansu', (0.0, 0.0))[0]:.1f} "
         f"broker_rss_max_mb={max((s.rss_mb.get('tansu', 0.0) for s in samples), default=0):.0f} "
         f"handovers={len(handed_over)} "
         f"handover_pause_max_s={handover_pause_max_s:.1f} "
@@ -482,13 +484,15 @@ def within_lifetimes(
     handed_over: list[float],
     value: str,
     key: str | None = None,
-) -> float:
-    """The growth per hour of one series within its processes' lifetimes: a handover restarts
-    every role, so each stretch between handovers is a lifetime of its own, read after its
-    warm-up (`warmups`: after the start, after a handover); the slope is the least-squares one
-    with an intercept per stretch (each stretch's points centred on their own means), so every
-    stretch counts and the drop at a restart does not."""
-    across = within = 0.0
+) -> tuple[float, float]:
+    """The growth per hour of one series within its processes' lifetimes, and its standard
+    error: a handover restarts every role, so each stretch between handovers is a lifetime of
+    its own, read after its warm-up (`warmups`: after the start, after a handover); the slope
+    is the least-squares one with an intercept per stretch (each stretch's points centred on
+    their own means), so every stretch counts and the drop at a restart does not. The error
+    takes the samples' scatter about that fit as independent noise (a sawtooth is not quite,
+    so read it as a lower bound): a slope within two of it of a goal is not told apart."""
+    centred: list[list[tuple[float, float]]] = []
     for stretch in lifetimes(samples, warmups, handed_over):
         points = [
             (s.minute / 60, figure)
@@ -499,9 +503,15 @@ def within_lifetimes(
             continue
         mean_t = statistics.fmean(t for t, _ in points)
         mean_y = statistics.fmean(y for _, y in points)
-        across += sum((t - mean_t) * (y - mean_y) for t, y in points)
-        within += sum((t - mean_t) ** 2 for t, _ in points)
-    return across / within if within else float("nan")
+        centred.append([(t - mean_t, y - mean_y) for t, y in points])
+    within = sum(t * t for points in centred for t, _ in points)
+    if not within:
+        return float("nan"), float("nan")
+    growth = sum(t * y for points in centred for t, y in points) / within
+    freedom = sum(len(points) for points in centred) - len(centred) - 1
+    scatter = sum((y - growth * t) ** 2 for points in centred for t, y in points)
+    error = math.sqrt(scatter / freedom / within) if freedom > 0 else float("nan")
+    return growth, error
 
 
 def cpu_table(after: list[Sample]) -> None:
