@@ -3,7 +3,8 @@
 After a broker error the subscriber runs the handler again (Subscriber's
 `_until_the_broker_takes_it`). What the first call computed must go out as it was: a second
 rollout of a task, or an LLM judge's second grade, is other content under the same derived ids,
-which the store keeps beside the first (the conflicts view)."""
+which the store keeps beside the first (the conflicts view); and a trainer that skips a batch
+it trained must still publish that step's record."""
 
 from __future__ import annotations
 
@@ -23,11 +24,14 @@ class Unsent(Generic[T]):
     def __init__(self) -> None:
         self._kept: dict[str, T] = {}
 
+    def take(self, key: str) -> T | None:
+        """What was kept for `key`, if anything (no longer kept)."""
+        return self._kept.pop(key, None)
+
     async def computed(self, key: str, compute: Callable[[], Awaitable[T]]) -> T:
         """What was kept for `key`, else what `compute` makes now."""
-        if key in self._kept:
-            return self._kept.pop(key)
-        return await compute()
+        kept = self.take(key)
+        return kept if kept is not None else await compute()
 
     @contextlib.contextmanager
     def kept_if_refused(self, outputs: Mapping[str, T]) -> Iterator[None]:

@@ -21,6 +21,7 @@ from opentelemetry.trace import SpanKind
 
 from rlbus.bus import Bus, Delivery, telemetry
 from rlbus.bus.heap import release_free_heap
+from rlbus.bus.unsent import Unsent
 from rlbus.consumers.heartbeat import keep_announcing
 from rlbus.consumers.trainer.checkpoint import CheckpointStore, TrainerState, WrittenWeights
 from rlbus.consumers.trainer.step import StepResult
@@ -91,6 +92,8 @@ class BatchTrainer:
         self.skipped: Counter[str] = Counter()
         """Steps that left the weights as they were, by reason (StepResult.skipped)."""
         self.last: StepResult | None = None
+        self.unsent: Unsent[TrainStep] = Unsent()
+        """Steps trained whose record the broker did not take, by batch id."""
         self.announced: WeightVersion | None = None
         """The newest version published, re-published while the trainer runs (keep_announcing)."""
 
@@ -123,21 +126,31 @@ class BatchTrainer:
     async def handle(self, deliveries: list[Delivery]) -> None:
         for delivery in deliveries:
             batch = delivery.event
-            # Batches past max_steps are left alone; everything else polled is trained, even
-            # after a stop request, because its offset is committed when this returns.
-            if not isinstance(batch, TrainBatch) or self.state.step >= self.max_steps:
+            if not isinstance(batch, TrainBatch):
                 continue
             if batch.batch_id in self.trained:
-                log.info(
-                    "batch %s (step %d) was trained already; skipped", batch.batch_id, batch.step
-                )
-                await self._announce()
+                await self._trained_already(batch)
+                continue
+            # Batches past max_steps are left alone; everything else polled is trained, even
+            # after a stop request, because its offset is committed when this returns.
+            if self.state.step >= self.max_steps:
                 continue
             # The step continues the batch's trace (and so its first rollout's).
             parent = telemetry.extract_context(delivery.headers) if telemetry.enabled() else None
             attributes = {"rlbus.batch_id": batch.batch_id, "rlbus.step": batch.step}
             with telemetry.span(f"train step {batch.step}", SpanKind.CONSUMER, parent, attributes):
                 await self.train(batch, delivery)
+
+    async def _trained_already(self, batch: TrainBatch) -> None:
+        """A batch trained before (redelivered, or handled again by the subscriber after the
+        broker did not take its step's record): the version is announced again, with that
+        record if it was not taken."""
+        log.info("batch %s (step %d) was trained already; skipped", batch.batch_id, batch.step)
+        step = self.unsent.take(batch.batch_id)
+        with self.unsent.kept_if_refused({batch.batch_id: step} if step else {}):
+            await self._announce(*([step] if step else []))
+        if self.state.step >= self.max_steps:
+            self.stop.set()
 
     async def save_state(self) -> None:
         """Save the trainer state if steps were trained since the last, then let the bus commit
@@ -181,17 +194,15 @@ class BatchTrainer:
         if self.state.step % self.checkpoint_every == 0 or self.state.step >= self.max_steps:
             await self.save_state()
         self.last = result
-        await self._announce(
-            step_event(
-                self.run_id,
-                self.state.step,
-                batch,
-                result,
-                batch.dropped_stale + fresh.dropped,
-                fresh.histogram,
-                written,
-                self.incarnation,
-            )
+        step = step_event(
+            self.run_id,
+            self.state.step,
+            batch,
+            result,
+            batch.dropped_stale + fresh.dropped,
+            fresh.histogram,
+            written,
+            self.incarnation,
         )
         if result.skipped:
             self.skipped[result.skipped] += 1
@@ -202,6 +213,8 @@ class BatchTrainer:
                 dict(self.skipped),
             )
         log.info("%s", step_line(self.state.step, result))
+        with self.unsent.kept_if_refused({batch.batch_id: step}):
+            await self._announce(step)
         if self.state.step >= self.max_steps:
             self.stop.set()
 

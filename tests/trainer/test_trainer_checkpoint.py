@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from aiokafka.errors import KafkaError, RequestTimedOutError
 from safetensors import safe_open
 
 from rlbus.bus import Delivery
@@ -52,6 +53,21 @@ class RecordingBus:
 
     async def publish_many(self, events) -> None:
         self.events.extend(events)
+
+
+class RefusingBus(RecordingBus):
+    """A broker that does not take the first `refusals` publishes (a request that timed out
+    before it reached the broker: aiokafka's RequestTimedOutError)."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__()
+        self.refusals = refusals
+
+    async def publish_many(self, events) -> None:
+        if self.refusals:
+            self.refusals -= 1
+            raise RequestTimedOutError()
+        await super().publish_many(events)
 
 
 def worker_for(
@@ -237,6 +253,26 @@ async def test_a_clean_stop_saves_the_state_of_the_steps_since_the_last(
     assert session.checkpoints.latest_step() is None
     await worker.save_state()
     assert session.checkpoints.latest_step() == 1 and holds.offsets("batches", 0) == []
+
+
+async def test_a_step_whose_publish_the_broker_refused_is_published_when_handled_again(
+    tied: Path, tmp_path: Path
+) -> None:
+    """The subscriber runs the handler again after a broker error (bus/unsent.py): the batch
+    is trained already, so it is not trained again, and its step goes out then. On main only
+    the weights version went out again, and the step's record was lost; when it was the last
+    step, the trainer never stopped."""
+    session = open_session(TrainerConfig(), str(tied), str(tmp_path / "ckpt"), 1, resume=False)
+    bus = RefusingBus(refusals=1)
+    worker = worker_for(session, bus, max_steps=1)
+    delivery = Delivery(batch(1), "batches", 0, 0, holds=Holds())
+    with pytest.raises(KafkaError):
+        await worker.handle([delivery])
+    assert not worker.stop.is_set()
+    await worker.handle([delivery])
+    assert session.state.step == 1 and worker.stop.is_set()  # trained once, and done
+    steps = [e for e in bus.events if isinstance(e, TrainStep)]
+    assert [s.step for s in steps] == [1]
 
 
 async def test_a_resumed_trainer_retraining_a_step_publishes_it_as_another_attempt(
