@@ -107,10 +107,10 @@ def _groups(
             GROUP_MEMBERS,
             parameters={"run": run_id, "groups": sorted({r.group_id for r in chosen})},
         )
-    groups: dict[str, dict[str, RolloutCompleted]] = defaultdict(dict)
-    for rollout in members:
-        groups[rollout.group_id].setdefault(rollout.rollout_id, rollout)
-    return [list(group.values()) for group in groups.values()]
+    groups: dict[str, list[RolloutCompleted]] = defaultdict(list)
+    for rollout in members:  # one per rollout: read_events gives one event per id
+        groups[rollout.group_id].append(rollout)
+    return list(groups.values())
 
 
 async def _publish(
