@@ -1,14 +1,19 @@
-"""Outputs a handler computed but the broker did not take, kept for the handler's next call.
+"""What a role built but the broker did not take, kept to go out as it was built.
 
 After a broker error the subscriber runs the handler again (Subscriber's
 `_until_the_broker_takes_it`). What the first call computed must go out as it was: a second
 rollout of a task, or an LLM judge's second grade, is other content under the same derived ids,
 which the store keeps beside the first (the conflicts view); and a trainer that skips a batch
-it trained must still publish that step's record."""
+it trained must still publish that step's record (`Unsent`, by the handler's input).
+
+The orchestrator builds its batches and tasks from its own state, not from one input, and that
+state already says they went out (a step counted, tasks counted in flight): they wait in an
+`Outbox` until the broker takes them."""
 
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Generic, TypeVar
 
@@ -42,3 +47,24 @@ class Unsent(Generic[T]):
         except KafkaError:
             self._kept.update(outputs)
             raise
+
+
+class Outbox:
+    """Publications sent in the order they were put; one the broker refused stays, with all put
+    after it, for the next `send`."""
+
+    def __init__(self) -> None:
+        self._queue: deque[Callable[[], Awaitable[None]]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def put(self, publish: Callable[[], Awaitable[None]]) -> None:
+        self._queue.append(publish)
+
+    async def send(self) -> None:
+        """Run every publication put, in order, each removed once it returned; a broker error
+        is raised with it and the rest kept."""
+        while self._queue:
+            await self._queue[0]()
+            self._queue.popleft()

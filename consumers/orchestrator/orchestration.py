@@ -25,15 +25,18 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import msgspec
 import numpy as np
+from aiokafka.errors import KafkaError
 from opentelemetry.trace import SpanKind
 
 from rlbus.bus import Bus, Delivery, telemetry
 from rlbus.bus.announcements import follow_announcements
 from rlbus.bus.leadership import Leadership
 from rlbus.bus.topic_reader import events_back
+from rlbus.bus.unsent import Outbox
 from rlbus.clients.replicas import Roster
 from rlbus.config.orchestrator import OrchestratorConfig
 from rlbus.consumers.orchestrator.algorithms import teacher_kl
@@ -138,6 +141,8 @@ class Orchestrator:
         leadership group): it then publishes no batch and no task."""
         self._turn = asyncio.Lock()
         """Handling events and the clock's ticks take turns."""
+        self.outbox = Outbox()
+        """Evaluations, batches and tasks built, until the broker takes them."""
 
     @property
     def held(self) -> dict[str, list[Delivery]]:
@@ -278,15 +283,33 @@ class Orchestrator:
         if self.step is None or not self.may_publish():
             return  # the trainer has not announced its version yet, or another may lead
         self._say_waiting()
-        evaluation = self.held_out.due(self.served)
-        if evaluation:
-            await self.bus.publish_many(evaluation)
-        while (groups := self.pacing.may_batch(self._progress())) is not None:
-            self.pacing.batched(await self._publish_batch(groups))
-        await self._publish_tasks(self.pacing.tasks_to_publish(self._progress()))
+        try:
+            await self._publish()
+        except KafkaError as exc:
+            # Not the events' fault, so the handler is not run again on them: they are taken in
+            # already, and joining their groups again would batch them twice. What was built
+            # waits in the outbox for the next turn, a handler's or the clock's.
+            log.warning(
+                "the broker did not take the orchestrator's publications (%r); %d kept, "
+                "sent again at its next turn",
+                exc,
+                len(self.outbox),
+            )
+            return
         # Done once inference serves the final weights and the final evaluation is scored.
         if min(self.trained, self.served) >= self.max_steps and self.held_out.finished():
             self.done.set()
+
+    async def _publish(self) -> None:
+        """What the broker refused before goes out first; nothing new is built until it did."""
+        await self.outbox.send()
+        evaluation = self.held_out.due(self.served)
+        if evaluation:
+            self.outbox.put(partial(self.bus.publish_many, evaluation))
+        while (groups := self.pacing.may_batch(self._progress())) is not None:
+            self.pacing.batched(self._build_batch(groups))
+        self._draw_tasks(self.pacing.tasks_to_publish(self._progress()))
+        await self.outbox.send()
 
     def _say_waiting(self) -> None:
         """While tasks wait for inference to serve the trainer's version (at the start, and
@@ -309,7 +332,7 @@ class Orchestrator:
                 serving,
             )
 
-    async def _publish_tasks(self, n: int) -> None:
+    def _draw_tasks(self, n: int) -> None:
         # Sampled with what enough replicas serve: env producers pass over replicas behind it.
         at_least = max(self.served, 0)
         tasks: list[TaskPublished] = [
@@ -318,11 +341,11 @@ class Orchestrator:
         ]
         if tasks:
             self.inflight.update(group_id_of(t) for t in tasks)
-            await self.bus.publish_many(tasks)
+            self.outbox.put(partial(self.bus.publish_many, tasks))
 
-    async def _publish_batch(self, groups: int) -> bool:
-        """Batch the `groups` ready groups sampled longest ago; False when none of their samples
-        is fresh enough (they are dropped, counted, and nothing is published)."""
+    def _build_batch(self, groups: int) -> bool:
+        """Batch the `groups` ready groups sampled longest ago, to be sent; False when none of
+        their samples is fresh enough (they are dropped, counted, and no batch is built)."""
         assert self.step is not None
         taken, self.ready = take_oldest(self.ready, groups)
         fresh = self.gate.fresh(taken, self.step)
@@ -358,18 +381,6 @@ class Orchestrator:
                 **teacher_kl([(s, env_of.get(s.rollout_id, "")) for s in fresh.kept]),
             },
         )
-        # The batch continues its first rollout's trace and links to every rollout's score.
-        scores = self.holds.headers(taken_ids, "scored")
-        attributes = {"rlbus.batch_id": batch_id, "rlbus.step": self.step}
-        with telemetry.span(
-            f"batch {self.step}",
-            SpanKind.PRODUCER,
-            attributes=attributes,
-            **telemetry.joining(scores),
-        ):
-            await self.bus.publish(batch)
-        # Acknowledged by the broker: the batch is the record now, its inputs may be committed.
-        self.holds.mark_batched(taken_ids, self.step)
         log.info(
             "batch %d: %d samples from %d groups (staleness %s; dropped so far: %s)",
             self.step,
@@ -378,7 +389,22 @@ class Orchestrator:
             fresh.histogram,
             self.counts,
         )
+        self.outbox.put(partial(self._send_batch, batch, taken_ids))
         return True
+
+    async def _send_batch(self, batch: TrainBatch, taken_ids: list[str]) -> None:
+        # The batch continues its first rollout's trace and links to every rollout's score.
+        scores = self.holds.headers(taken_ids, "scored")
+        attributes = {"rlbus.batch_id": batch.batch_id, "rlbus.step": batch.step}
+        with telemetry.span(
+            f"batch {batch.step}",
+            SpanKind.PRODUCER,
+            attributes=attributes,
+            **telemetry.joining(scores),
+        ):
+            await self.bus.publish(batch)
+        # Acknowledged by the broker: the batch is the record now, its inputs may be committed.
+        self.holds.mark_batched(taken_ids, batch.step)
 
 
 async def run_orchestrator(

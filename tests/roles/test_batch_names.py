@@ -51,7 +51,8 @@ async def test_batches_carry_the_registry_names_of_their_groups_algorithms(
         o.step = 0
         for env in ("distilled", "taught"):
             o.ready.append(ReadyGroup([sample(f"{env}-r")], [1.0], [f"{env}-r"], env))
-            assert await o._publish_batch(1)
+            assert o._build_batch(1)
+        await o.outbox.send()
         batches: list[TrainBatch] = []
         for _ in range(40):  # a new topic's end offsets can lag its first records
             batches = [e for e in await read_back(bus, "batches", run) if isinstance(e, TrainBatch)]
