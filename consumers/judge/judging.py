@@ -4,7 +4,10 @@ Rollouts are keyed by group_id, so a group's rollouts arrive on one partition, a
 Task sets without group rewards are scored rollout by rollout; with group rewards a group waits
 in memory until all `group_size` rollouts are in. Its messages are held uncommitted meanwhile
 (`Delivery.hold`), so a judge that restarts sees the whole group again; a group still incomplete
-after the environment's group_wait_s is scored as errors, so it never pins the commits.
+after the environment's group_wait_s is scored as errors, so it never pins the commits. Such a
+group is scored by a look (at each call, and every few seconds), not as a call's input: when
+the broker does not take its scores, they wait for the next look instead of the call failing
+(the subscriber would run it again on rollouts it has taken in).
 
 Scores carry the scorer version of the environment's rules as this judge loaded them
 (Scorer.version), and LLM judges' calls go out as trace nodes of the scoring.
@@ -17,6 +20,8 @@ import contextlib
 import logging
 import time
 from typing import cast
+
+from aiokafka.errors import KafkaError
 
 from rlbus.bus import Bus, Delivery, telemetry
 from rlbus.bus.unsent import Unsent
@@ -40,6 +45,10 @@ class Judge:
         self.unsent: Unsent[Scoring] = Unsent()
         """Scores computed but not taken by the broker: an LLM judge asked again may grade
         otherwise."""
+        self.expired: list[tuple[list[Delivery], str]] = []
+        """Groups past their wait, with why, until the broker takes their error scores."""
+        self._looking = asyncio.Lock()
+        """A call's look and the periodic one take turns (each would send the same group)."""
 
     def _ready(self, delivery: Delivery, rollout: RolloutCompleted) -> list[Delivery] | None:
         if not self.scorers[rollout.env].needs_group:
@@ -96,11 +105,13 @@ class Judge:
 
     async def expire(self) -> None:
         """Score as errors the groups that waited longer than their environment's group_wait_s
-        for their missing rollouts."""
+        for their missing rollouts; those the broker did not take go first at the next call."""
+        async with self._looking:
+            await self._expire()
+
+    async def _expire(self) -> None:
         now = time.monotonic()
         for group_id, since in list(self.since.items()):
-            if group_id not in self.since:
-                continue  # completed while an earlier expired group was being scored
             members = list(self.pending[group_id].values())
             first = cast(RolloutCompleted, members[0].event)
             wait_s = self.scorers[first.env].env.config.group_wait_s
@@ -113,7 +124,20 @@ class Judge:
                 f"group_wait_s = {wait_s:g}s"
             )
             log.warning("group %s of %s: %s", group_id, first.env, reason)
-            await self._score([members], reason)
+            self.expired.append((members, reason))
+        while self.expired:
+            members, reason = self.expired[0]
+            try:
+                await self._score([members], reason)
+            except KafkaError as exc:
+                log.warning(
+                    "the broker did not take the error scores of %d incomplete groups (%r); "
+                    "sent again at the next look",
+                    len(self.expired),
+                    exc,
+                )
+                return
+            self.expired.pop(0)
 
     async def keep_expiring(self, stop: asyncio.Event, every_s: float = 5.0) -> None:
         """Look for expired groups while no rollouts arrive to prompt it."""

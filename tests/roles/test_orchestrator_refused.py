@@ -5,16 +5,13 @@ pending). Each must go out as built at its next turn, against a real broker."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
 from pathlib import Path
 
-from aiokafka.errors import KafkaError, RequestTimedOutError
+from support.broker_refusals import RefusingBus, handled, published
 from support.factories import scored_group
 
 from rlbus.bus import Bus, Delivery
 from rlbus.bus.commits import Holds
-from rlbus.bus.topic_reader import read_back
 from rlbus.config import Settings
 from rlbus.config.orchestrator import AlgorithmConfig, OrchestratorConfig
 from rlbus.consumers.orchestrator.algorithms import make_algorithm
@@ -22,29 +19,9 @@ from rlbus.consumers.orchestrator.join import Joiner
 from rlbus.consumers.orchestrator.orchestration import Orchestrator
 from rlbus.consumers.orchestrator.task_draw import TaskSource, WeightedEnvironment
 from rlbus.environment import load_environment
-from rlbus.schemas import Event, TaskPublished, TrainBatch, group_id_of, topic_of
+from rlbus.schemas import TaskPublished, TrainBatch, group_id_of, topic_of
 
 ENV = "reverse_text"
-
-
-class RefusingBus:
-    """The real bus, but the broker does not take the first `refusals` publishes."""
-
-    def __init__(self, bus: Bus, refusals: int) -> None:
-        self.bus = bus
-        self.refusals = refusals
-
-    async def publish(self, event: Event) -> None:
-        await self.publish_many([event])
-
-    async def publish_many(self, events: Sequence[Event], parents=None) -> None:
-        if self.refusals:
-            self.refusals -= 1
-            raise RequestTimedOutError()
-        await self.bus.publish_many(events, parents)
-
-    def __getattr__(self, name: str):
-        return getattr(self.bus, name)
 
 
 def orchestrator(bus: RefusingBus, run: str, eval_every: int = 0) -> Orchestrator:
@@ -66,26 +43,6 @@ def orchestrator(bus: RefusingBus, run: str, eval_every: int = 0) -> Orchestrato
     return o
 
 
-async def handled(o: Orchestrator, deliveries: list[Delivery]) -> None:
-    """As the subscriber runs a handler: again after a broker error, with the same deliveries."""
-    for _ in range(5):
-        try:
-            return await o.handle(deliveries)
-        except KafkaError:
-            continue
-    raise AssertionError("the handler kept failing")
-
-
-async def published(bus: Bus, topic: str, run: str, at_least: int) -> list[Event]:
-    events: list[Event] = []
-    for _ in range(40):  # a new topic's end offsets can lag its first records
-        events = await read_back(bus, topic, run)
-        if len(events) >= at_least:
-            break
-        await asyncio.sleep(0.25)
-    return events
-
-
 async def test_a_batch_the_broker_refused_goes_out_once_with_its_step(settings: Settings) -> None:
     """Before: the refused batch was lost (its step counted, its groups gone from the ready
     ones, their pieces held uncommitted until a restart), and the handler, run again on the
@@ -96,7 +53,7 @@ async def test_a_batch_the_broker_refused_goes_out_once_with_its_step(settings: 
     deliveries = [Delivery(e, topic_of(e), 0, i, holds=holds) for i, e in enumerate(group)]
     async with Bus.of(settings) as real:
         o = orchestrator(RefusingBus(real, refusals=1), run)
-        await handled(o, deliveries)
+        await handled(o.handle, deliveries)
         await o.tick()
         batches = [e for e in await published(real, "batches", run, 1) if isinstance(e, TrainBatch)]
     assert [(b.step, sorted(s.rollout_id for s in b.samples)) for b in batches] == [
@@ -114,7 +71,7 @@ async def test_tasks_and_an_evaluation_the_broker_refused_go_out_as_drawn(
     run = settings.run_id
     async with Bus.of(settings) as real:
         o = orchestrator(RefusingBus(real, refusals=2), run, eval_every=1)
-        await handled(o, [])  # the evaluation refused, the training tasks behind it
+        await handled(o.handle, [])  # the evaluation refused, the training tasks behind it
         await o.tick()  # the evaluation taken, the training tasks refused
         await o.tick()
         tasks = [e for e in await published(real, "tasks", run, 2) if isinstance(e, TaskPublished)]
