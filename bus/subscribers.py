@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import InvalidSessionTimeoutError, KafkaError
+from aiokafka.errors import InvalidSessionTimeoutError
 
 from rlbus.bus import progress
 from rlbus.bus.commits import COMMIT_TIMEOUT_S, Holds, Offsets, Polled
@@ -35,10 +35,8 @@ from rlbus.bus.middleware import DeadLetters, SeenIds, traced
 from rlbus.bus.progress import PartitionProgress
 from rlbus.bus.publisher import SENDING, Sending
 from rlbus.bus.records import from_record
+from rlbus.bus.unsent import until_taken
 from rlbus.schemas import BY_NAME, Event
-
-BROKER_RETRY_S, BROKER_RETRY_MAX_S = 1.0, 30.0
-"""A handler's run again after a broker error: the first pause, and the longest."""
 
 if TYPE_CHECKING:
     from rlbus.bus.bus import Bus
@@ -226,23 +224,11 @@ class Subscriber(Generic[H]):
     async def _until_the_broker_takes_it(
         self, handler: Callable[[Any], Awaitable[None]], arg: Any
     ) -> None:
-        """Run the handler; when it fails on a broker error (KafkaError: what it published was
-        refused or timed out), run it again after a growing pause rather than dead-letter the
-        event, which is not at fault. Its outputs have derived ids, so a repeat is deduplicated
-        downstream; a stop meanwhile cancels it with its hold kept (redelivered)."""
-        pause = BROKER_RETRY_S
-        while True:
-            try:
-                return await handler(arg)
-            except KafkaError as exc:
-                log.warning(
-                    "group %s: the handler hit a broker error (%r); running it again in %.0fs",
-                    self.group,
-                    exc,
-                    pause,
-                )
-                await asyncio.sleep(pause)
-                pause = min(2 * pause, BROKER_RETRY_MAX_S)
+        """Run the handler; when it fails on a broker error, run it again rather than
+        dead-letter the event, which is not at fault. Its outputs have derived ids, so a repeat
+        is deduplicated downstream; a stop meanwhile cancels it with its hold kept
+        (redelivered)."""
+        await until_taken(lambda: handler(arg), f"group {self.group}: the handler")
 
     async def _commit(self, offsets: Offsets) -> None:
         """Publish the dead letters (their messages are among those committed), then commit."""

@@ -8,11 +8,14 @@ it trained must still publish that step's record (`Unsent`, by the handler's inp
 
 The orchestrator builds its batches and tasks from its own state, not from one input, and that
 state already says they went out (a step counted, tasks counted in flight): they wait in an
-`Outbox` until the broker takes them."""
+`Outbox` until the broker takes them. `until_taken` is the pause between tries, for the
+subscriber's handlers and for publishers that are no consumer (`rlbus eval`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Generic, TypeVar
@@ -20,6 +23,24 @@ from typing import Generic, TypeVar
 from aiokafka.errors import KafkaError
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+RETRY_S, RETRY_MAX_S = 1.0, 30.0
+"""The pause after a broker error, doubling up to the most."""
+
+
+async def until_taken(call: Callable[[], Awaitable[T]], what: str) -> T:
+    """`call()` again after each broker error (KafkaError: what it published was refused or
+    timed out), after a growing pause; any other error is raised."""
+    pause = RETRY_S
+    while True:
+        try:
+            return await call()
+        except KafkaError as exc:
+            log.warning("%s hit a broker error (%r); trying again in %.0fs", what, exc, pause)
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, RETRY_MAX_S)
 
 
 class Unsent(Generic[T]):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from opentelemetry.trace import SpanKind
 
 from rlbus.bus import Bus, telemetry
+from rlbus.bus.unsent import until_taken
 from rlbus.environment.scoring import Scorer
 from rlbus.producers.rollouts import RolloutRunner, trace_parents
 from rlbus.schemas import Event, RolloutScored, TaskPublished
@@ -59,7 +60,10 @@ class EvalPipeline:
             parents = trace_parents(outputs)
             if parents is not None:
                 parents |= scoring.parents()
-            await self.bus.publish_many(events, parents)
+            # No consumer runs this again after a broker error: the same events are sent again.
+            await until_taken(
+                lambda: self.bus.publish_many(events, parents), f"task {task.task_id}'s publish"
+            )
         self.tally.add(scoring.scored)
         if self.on_group is not None:
             self.on_group(self.tally)
