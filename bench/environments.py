@@ -13,7 +13,10 @@ same scripted server (a child process: its CPU counts for no side) and the same 
    process tree over that window (sampled);
 2. `rlbus eval verifiers:reverse_text` (the embedded broker, a sink storing into chdb):
    rollouts/s from its first rollout until its last score is in ClickHouse, CPU per rollout
-   of this process, the worker's process tree, the broker and the sink over the eval;
+   of this process, the worker's process tree, the broker and the sink over the eval; once
+   in V1's episode mode (the worker plays each rollout with V1's harness and runtime), once in
+   mode "steps" (rlbus's chat loop asks, the worker scores the answer with the task set's own
+   rewards, offline);
 3. the V1 adapter (environment/hosted/adapters/verifiers_v1.py) driven in-process by a small
    script the venv's python runs (the adapter module loaded as host.py loads it), N rollouts
    at concurrency C straight against the scripted server; next to the same N rollouts sent
@@ -25,7 +28,9 @@ same scripted server (a child process: its CPU counts for no side) and the same 
 
 Each side first warms up on a few tasks. Last line:
 RESULT rlbus_vs_v1_eval=<rollouts/s ratio> cpu_per_rollout_vs_v1_eval=<CPU ratio>
-       worker_vs_in_process=<rollouts/s ratio>
+       worker_vs_in_process=<rollouts/s ratio> steps_vs_v1_eval=<rollouts/s ratio>
+       steps_cpu_per_rollout_vs_v1_eval=<CPU ratio>
+(rlbus_ and cpu_: episode mode; steps_: mode "steps")
 """
 
 from __future__ import annotations
@@ -138,8 +143,8 @@ def installed_venv() -> Path:
     return Path(record.path)
 
 
-def taskset_args(n: int) -> dict[str, Any]:
-    return {"taskset": {"n": n}}
+def taskset_args(n: int, mode: str = "episode") -> dict[str, Any]:
+    return {"mode": mode, "taskset": {"n": n}}
 
 
 def check(outs: list[dict[str, Any]], n: int, side: str) -> None:
@@ -215,14 +220,14 @@ def store_settings(directory: Path) -> Settings:
     )
 
 
-def measure_rlbus(url: str, n: int, concurrency: int, tmp: Path) -> dict[str, Any]:
+def measure_rlbus(url: str, n: int, concurrency: int, tmp: Path, mode: str) -> dict[str, Any]:
     env: Environment = load_environment(
         f"verifiers:{TARGET}",
         {
             "model": {"name": MODEL, "base_url": url},
             "group_size": 1,
             "max_concurrent_rollouts": concurrency,
-            "args": taskset_args(n),
+            "args": taskset_args(n, mode),
         },
     )
     worker = env.taskset.worker
@@ -246,8 +251,9 @@ def measure_rlbus(url: str, n: int, concurrency: int, tmp: Path) -> dict[str, An
     assert abs(result.report.mean_reward - REWARD) < 1e-9, result.report.mean_reward
     cpu = sum(parts.values())
     console.print(
-        f"rlbus eval: {n / result.seconds:,.1f} rollouts/s, {1000 * cpu / n:.1f} ms CPU per "
-        "rollout: " + ", ".join(f"{k} {1000 * v / n:.1f}" for k, v in parts.items())
+        f"rlbus eval ({mode}): {n / result.seconds:,.1f} rollouts/s, "
+        f"{1000 * cpu / n:.1f} ms CPU per rollout: "
+        + ", ".join(f"{k} {1000 * v / n:.1f}" for k, v in parts.items())
     )
     return {"n": n, "seconds": result.seconds, "cpu": cpu, "parts": parts}
 
@@ -335,7 +341,9 @@ def main() -> None:
     try:
         theirs = measure_vf_eval(venv, url, n, c)
         with tempfile.TemporaryDirectory() as tmp:
-            ours = measure_rlbus(url, n, c, Path(tmp))
+            ours = measure_rlbus(url, n, c, Path(tmp), "episode")
+        with tempfile.TemporaryDirectory() as tmp:
+            steps = measure_rlbus(url, n, c, Path(tmp), "steps")
         in_process = measure_in_process(venv, url, n, c)
         console.print(f"V1 adapter in-process: {n / in_process['seconds']:,.1f} rollouts/s")
         worker = measure_worker(venv, url, n, c)
@@ -367,6 +375,7 @@ def main() -> None:
 
     row("vf-eval (verifiers 0.4, its process tree)", theirs)
     row("rlbus eval (bus + sink + ClickHouse + worker)", ours, ours["parts"])
+    row("rlbus eval, mode steps (rlbus's chat loop, V1's rewards)", steps, steps["parts"])
     row("V1 adapter in-process (venv's python)", in_process)
     row("V1 adapter through HostedWorker.acall", worker, worker["parts"])
     row("V1 adapter in-process, a base URL per rollout (as rlbus eval)", per_url)
@@ -374,7 +383,9 @@ def main() -> None:
     print(
         f"RESULT rlbus_vs_v1_eval={theirs['seconds'] / ours['seconds']:.3f} "
         f"cpu_per_rollout_vs_v1_eval={ours['cpu'] / theirs['cpu']:.3f} "
-        f"worker_vs_in_process={in_process['seconds'] / worker['seconds']:.3f}"
+        f"worker_vs_in_process={in_process['seconds'] / worker['seconds']:.3f} "
+        f"steps_vs_v1_eval={theirs['seconds'] / steps['seconds']:.3f} "
+        f"steps_cpu_per_rollout_vs_v1_eval={steps['cpu'] / theirs['cpu']:.3f}"
     )
 
 

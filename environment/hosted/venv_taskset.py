@@ -29,9 +29,14 @@ from rlbus.environment.hosted.worker import HostedWorker, HostedWorkerError, Wor
 from rlbus.environment.rules import Rule, Rules
 from rlbus.environment.taskset import TaskSet
 
-MODES: dict[str, str] = {"verifiers": "episode", "openenv": "steps", "textarena": "steps"}
-"""episode: the worker plays each rollout whole (the environment's own harness); steps: rlbus's
-chat loop plays it, the environment answering each reply (reset, step, close)."""
+MODES: dict[str, tuple[str, ...]] = {
+    "verifiers": ("episode", "steps"),
+    "openenv": ("steps",),
+    "textarena": ("steps",),
+}
+"""Each kind's modes (args.mode), its default first. episode: the worker plays each rollout
+whole (the environment's own harness); steps: rlbus's chat loop plays it, the environment
+answering each reply (reset, step, close); a V1 task set's one answer is scored offline."""
 STATE = "hosted"
 """The rollout state key holding what the environment reported: reward, rewards, metrics."""
 PAGE = 256
@@ -108,7 +113,12 @@ class HostedTaskSet(TaskSet):
         super().__init__(**args)
         own = {k: v for k, v in args.items() if k != "venv"}
         self.spec = f"{self.kind}:{self.target}"
-        self.mode = MODES[self.kind]
+        self.mode = args.get("mode", MODES[self.kind][0])
+        if self.mode not in MODES[self.kind]:
+            raise ConfigError(
+                f"{self.spec}: args.mode = {self.mode!r}; {self.kind} environments run in "
+                f"{' or '.join(repr(m) for m in MODES[self.kind])}"
+            )
         self.worker = HostedWorker(
             WorkerSpec(
                 env=self.spec,

@@ -5,7 +5,8 @@ python, a scripted model over HTTP behind rlbus's interception server, and for `
 embedded broker and a sink into chdb.
 
 Bad environments are modules installed into the same venv (as a package would be): one that
-fails to import, one whose task raises, one that kills its worker, one that hangs it. Installing
+fails to import, one whose task raises, one that kills its worker, one that hangs it, one that
+scores in a runtime (which mode "steps" cannot play). Installing
 needs the registry; under CI=true a failed install fails the module, elsewhere it skips naming
 the failure."""
 
@@ -112,6 +113,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         site = next(Path(installed.path).glob("lib/python*/site-packages"))
         (site / "faulty_env.py").write_text(FAULTY)
         (site / "probe_env.py").write_text(PROBE)
+        (site / "boxed_env.py").write_text(BOXED)
         (site / "broken_env.py").write_text("raise ImportError('broken_env needs numpy 0.1')\n")
         yield Path(installed.path)
     finally:
@@ -182,17 +184,19 @@ def verifiers_eval(venv: Path, upstream: ScriptedServer, n: int, out: Path) -> d
     return rewards
 
 
+@pytest.mark.parametrize("mode", ["episode", "steps"])
 def test_rlbus_eval_gives_verifiers_own_rewards_with_tokens_stored(
-    venv: Path, upstream: ScriptedServer, settings: Settings, tmp_path: Path
+    venv: Path, upstream: ScriptedServer, settings: Settings, tmp_path: Path, mode: str
 ) -> None:
     """The same tasks, the same scripted model: `rlbus eval verifiers:reverse_text` stores, per
     task, the reward verifiers' own `vf-eval` gives; and each rollout's model call, recorded by
-    rlbus's interception server though V1's own harness made it."""
+    rlbus's interception server, whether V1's own harness made it (episode) or rlbus's chat loop
+    did, the task set's rewards scoring its answer (steps)."""
     n = 8
     theirs = verifiers_eval(venv, upstream, n, tmp_path / "vf")
     assert len(theirs) == n and len(set(theirs.values())) > 1, theirs
     env = load_environment(
-        "verifiers:reverse_text", overrides(upstream, args={"taskset": {"n": n}})
+        "verifiers:reverse_text", overrides(upstream, args={"mode": mode, "taskset": {"n": n}})
     )
     run_id = f"v1-{uuid.uuid4().hex[:8]}"
     result = run_eval(env, settings, n=n, run_id=run_id, show_progress=False)
@@ -218,6 +222,24 @@ def test_rlbus_eval_gives_verifiers_own_rewards_with_tokens_stored(
     assert calls[0] == n and calls[1] > 0 and sampled == n
 
 
+BOXED = '''
+"""Its reward needs the task's runtime: only a V1 episode can score it."""
+import verifiers.v1 as vf
+from reverse_text import OneTurnHarness
+
+__all__ = ["BoxedTaskset", "OneTurnHarness"]
+
+class BoxedTask(vf.Task[vf.TaskData]):
+    @vf.reward(weight=1.0)
+    async def checked(self, trace: vf.Trace, runtime: vf.Runtime) -> float:
+        return 1.0
+
+class BoxedTaskset(vf.Taskset[BoxedTask, vf.TasksetConfig]):
+    def load(self):
+        yield BoxedTask(vf.TaskData(name="boxed", prompt="Reverse the text: box"), self.config.task)
+'''
+
+
 def test_a_package_that_fails_to_import_is_an_error_naming_it(venv: Path, upstream: Any) -> None:
     env = load_environment(
         "verifiers:broken_env", overrides(upstream, args={"venv": "reverse-text"})
@@ -225,6 +247,20 @@ def test_a_package_that_fails_to_import_is_an_error_naming_it(venv: Path, upstre
     with pytest.raises(ConfigError, match=r"verifiers:broken_env.*broken_env needs numpy 0\.1"):
         list(env.tasks())
     env.taskset.worker.close()
+
+
+def test_steps_mode_refuses_a_task_set_it_cannot_score_and_says_why(
+    venv: Path, upstream: ScriptedServer
+) -> None:
+    args = {"venv": "reverse-text", "mode": "steps"}
+    env = load_environment("verifiers:boxed_env", overrides(upstream, args=args))
+    with pytest.raises(
+        ConfigError, match=r"cannot run in mode 'steps'.*checked score in a runtime"
+    ):
+        list(env.tasks())
+    env.taskset.worker.close()
+    with pytest.raises(ConfigError, match=r"args.mode = 'turns'.*'episode' or 'steps'"):
+        load_environment("verifiers:reverse_text", overrides(upstream, args={"mode": "turns"}))
 
 
 def test_a_task_that_raises_is_stored_as_an_error_and_the_others_go_on(

@@ -1,15 +1,23 @@
 """verifiers V1 (0.4): a task set installed as a package (its module exports a `Taskset`
-subclass, found the way `vf-eval NAME` finds it), run whole: each rollout is one V1 episode on
-the task, played by the environment's own harness in its own runtime, scored by its own rewards.
-Its model client points at the rollout's rlbus interception URL, so every model call is still
-recorded by rlbus (tokens, log-probs, policy versions).
+subclass, found the way `vf-eval NAME` finds it), in one of two modes:
 
-Args (env.toml `args`, or the CLI's): `taskset` (the taskset's config fields), `harness` and
-`runtime` (the agent's, as `--env.agent.harness.*` / `--env.agent.runtime.*`), `env` (any other
-V1 EnvConfig field, e.g. `{"timeout": {"episode": 120}}`)."""
+- `episode` (the default): each rollout is one V1 episode on the task, played by the
+  environment's own harness in its own runtime, scored by its own rewards. Its model client
+  points at the rollout's rlbus interception URL, so every model call is still recorded by rlbus
+  (tokens, log-probs, policy versions).
+- `steps`: rlbus's chat loop asks the task's prompt and its one reply is the answer; the task's
+  own rewards, metrics and judges score that transcript, offline (as V1's `replay` rescores a
+  trace). For task sets whose tasks are one question and one answer: no tools, no box to set up,
+  nothing scored in a runtime; any other is refused when the worker loads it, naming why. V1's
+  episode machinery (its interception server, harness and runtime) is not run at all.
+
+Args (env.toml `args`, or the CLI's): `mode`, `taskset` (the taskset's config fields),
+`harness` and `runtime` (the agent's, as `--env.agent.harness.*` / `--env.agent.runtime.*`),
+`env` (any other V1 EnvConfig field, e.g. `{"timeout": {"episode": 120}}`)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import ssl
 from collections import defaultdict
@@ -20,7 +28,12 @@ import verifiers.v1 as vf
 from verifiers.v1.clients import eval as v1_eval_client
 from verifiers.v1.clients.base import DEFAULT_LIMITS
 from verifiers.v1.env import RunSlot
+from verifiers.v1.envs.single_agent import SingleAgentEnv
+from verifiers.v1.graph import MessageNode
 from verifiers.v1.interception.server import InterceptionServer
+from verifiers.v1.state import state_cls
+from verifiers.v1.trace import TraceTask
+from verifiers.v1.types import AssistantMessage, SystemMessage, UserMessage
 from verifiers.v1.utils.loaders import load_environment, resolve_env_config
 
 API_KEY_VAR = "HOSTED_ENDPOINT_TOKEN"
@@ -82,8 +95,52 @@ def _plain(value: Any) -> Any:
     return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
 
 
+MODES = ("episode", "steps")
+BOX_HOOKS = ("setup", "finalize", "stage_verifier")
+"""Task methods that work in the task's box: overridden, the task needs V1's runtime."""
+PROMPT_MESSAGES = {"system": SystemMessage, "user": UserMessage, "assistant": AssistantMessage}
+
+
+def _needs_runtime(fn: Any) -> bool:
+    """V1's own test (Task.score): a scorer that takes a runtime without a default."""
+    param = inspect.signature(fn).parameters.get("runtime")
+    return param is not None and param.default is inspect.Parameter.empty
+
+
+def _not_one_turn(env: Any, task: Any) -> str | None:
+    """Why `env`'s tasks cannot be played as one chat turn scored offline (None: they can)."""
+    taskset = env.taskset
+    if type(env) is not SingleAgentEnv:
+        return f"its environment is a {type(env).__name__}, not one agent on a task"
+    if type(task).toolsets(taskset.config.task) or taskset.toolsets(taskset.config):
+        return "its tasks have tools"
+    boxed = [h for h in BOX_HOOKS if getattr(type(task), h) is not getattr(vf.Task, h)]
+    if boxed:
+        return f"its tasks work in a box ({', '.join(boxed)})"
+    scorers = [*task.hooks("metric"), *task.hooks("reward")]
+    in_runtime = [fn.__name__ for fn in scorers if _needs_runtime(fn)]
+    in_runtime += [j.reward_name for j in task.plugged_judges() if _needs_runtime(j.score)]
+    if in_runtime:
+        return f"{', '.join(in_runtime)} score in a runtime"
+    return None
+
+
+def _node(message: dict[str, Any], parent: int | None, sampled: bool = False) -> Any:
+    kind = PROMPT_MESSAGES.get(message.get("role", ""))
+    if kind is None:
+        raise ValueError(f"a {message.get('role')!r} message cannot be replayed to the task")
+    return MessageNode(
+        parent=parent,
+        message=kind(content=message.get("content") or ""),
+        sampled=sampled,
+    )
+
+
 class Adapter:
     def __init__(self, target: str, args: dict[str, Any]):
+        self.mode = args.get("mode", "episode")
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r}: one of {', '.join(MODES)}")
         config: dict[str, Any] = {"taskset": {"id": target, **args.get("taskset", {})}}
         # V1's default runtime is remote (reached through a Prime tunnel); here the agent runs
         # beside its worker unless the args say otherwise.
@@ -96,12 +153,20 @@ class Adapter:
         self.serving: Any = None
         self.loaded: list[Any] = []
         self.source: Any = None
+        self.sessions: dict[str, tuple[Any, list[Any]]] = {}
+        """steps: a rollout's task and its transcript so far, as V1 message nodes."""
+        if self.mode == "steps" and (why := _not_one_turn(self.env, self._task(0))):
+            raise ValueError(
+                f"{target} cannot run in mode 'steps' (one chat turn, scored offline): {why}; "
+                "run it in mode 'episode'"
+            )
 
     async def describe(self) -> dict[str, Any]:
-        self.serving = self.env.serving()
-        await self.serving.__aenter__()
+        if self.mode == "episode":
+            self.serving = self.env.serving()
+            await self.serving.__aenter__()
         return {
-            "mode": "episode",
+            "mode": self.mode,
             "framework": f"verifiers {vf.__version__ if hasattr(vf, '__version__') else '0.4'}",
         }
 
@@ -156,6 +221,38 @@ class Adapter:
             "metrics": metrics,
             "stop": next((t.stop_condition for t in traces if t.stop_condition), None),
             "error": "; ".join(errors) if not episode.ok and errors else None,
+        }
+
+    async def reset(self, session: str, task: dict[str, Any]) -> dict[str, Any]:
+        v1_task = self._task(task["info"]["hosted"]["index"])
+        nodes: list[Any] = []
+        for message in task.get("prompt") or []:
+            nodes.append(_node(message, len(nodes) - 1 if nodes else None))
+        self.sessions[session] = (v1_task, nodes)
+        return {"observation": None}
+
+    async def step(self, session: str, action: str) -> dict[str, Any]:
+        """The model's reply is the answer: the episode is over."""
+        _, nodes = self.sessions[session]
+        reply = {"role": "assistant", "content": action}
+        nodes.append(_node(reply, len(nodes) - 1 if nodes else None, sampled=True))
+        return {"observation": None, "reward": 0.0, "done": True}
+
+    async def close(self, session: str) -> dict[str, Any]:
+        task, nodes = self.sessions.pop(session)
+        trace = vf.Trace(
+            task=TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
+            state=state_cls(type(task))(),
+            agent=vf.AgentInfo(config=vf.AgentConfig(), name="rlbus"),
+            nodes=nodes,
+        )
+        await task.score(trace)
+        return {
+            "reward": trace.reward,
+            "rewards": {k: r.value for k, r in trace.rewards.items() if r is not None},
+            "metrics": {k: v for k, v in trace.metrics.items() if v is not None},
+            "stop": "answered" if trace.assistant_messages else "no_reply",
+            "error": None,
         }
 
     async def aclose(self) -> None:
