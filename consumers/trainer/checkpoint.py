@@ -95,17 +95,19 @@ class CheckpointStore:
         sharing memory). Weights with a NaN or an infinity are refused: inference must never
         load them."""
         started = time.perf_counter()
+        if self.weights_dtype is not None:
+            tensors = {
+                k: t.to(self.weights_dtype) if t.is_floating_point() else t
+                for k, t in tensors.items()
+            }
+        # Checked as written: half the bytes to read for bf16, and a float32 value past bf16's
+        # largest, which the cast made infinite, is caught too.
         broken = [name for name, t in tensors.items() if not _finite(t)]
         if broken:
             raise NonFiniteWeights(
                 f"weights of version {version} hold non-finite values in {broken[:5]} "
                 f"({len(broken)} tensors); not written"
             )
-        if self.weights_dtype is not None:
-            tensors = {
-                k: t.to(self.weights_dtype) if t.is_floating_point() else t
-                for k, t in tensors.items()
-            }
         name = f"v{version:06d}.safetensors"
         size = self.folder.write_file(
             f"weights/{name}",

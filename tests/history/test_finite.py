@@ -150,3 +150,15 @@ def test_non_finite_weights_are_never_written(
     assert not store.has_weights(1)
     large = {"layer.weight": torch.full((1000,), 1e30, dtype=dtype)}  # finite, however large
     assert store.write_weights(2, large).bytes > 0
+
+
+def test_a_weight_the_published_dtype_cannot_hold_is_never_written(tmp_path: Path) -> None:
+    """float32 holds values past bfloat16's largest (3.39e38), which the cast to the published
+    dtype makes infinite: on main such a version was checked before the cast, and written."""
+    from rlbus.consumers.trainer.checkpoint import CheckpointStore, NonFiniteWeights
+
+    store = CheckpointStore(str(tmp_path / "ckpt"), weights_dtype=torch.bfloat16)
+    weights = {"layer.weight": torch.tensor([1.0, 3.4e38]), "ok": torch.ones(2)}
+    with pytest.raises(NonFiniteWeights, match="non-finite values in \\['layer.weight'\\]"):
+        store.write_weights(1, weights)
+    assert not store.has_weights(1)
