@@ -8,7 +8,8 @@ it trained must still publish that step's record (`Unsent`, by the handler's inp
 
 The orchestrator builds its batches and tasks from its own state, not from one input, and that
 state already says they went out (a step counted, tasks counted in flight): they wait in an
-`Outbox` until the broker takes them. `until_taken` is the pause between tries, for the
+`Outbox` until the broker takes them, as do the judge's error scores of groups that never
+completed. `until_taken` is the pause between tries, for the
 subscriber's handlers and for publishers that are no consumer (`rlbus eval`)."""
 
 from __future__ import annotations

@@ -19,12 +19,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from functools import partial
 from typing import cast
 
 from aiokafka.errors import KafkaError
 
 from rlbus.bus import Bus, Delivery, telemetry
-from rlbus.bus.unsent import Unsent
+from rlbus.bus.unsent import Outbox, Unsent
 from rlbus.environment.loader import Environment
 from rlbus.environment.scoring import Scorer, Scoring
 from rlbus.schemas import RolloutCompleted
@@ -45,8 +46,8 @@ class Judge:
         self.unsent: Unsent[Scoring] = Unsent()
         """Scores computed but not taken by the broker: an LLM judge asked again may grade
         otherwise."""
-        self.expired: list[tuple[list[Delivery], str]] = []
-        """Groups past their wait, with why, until the broker takes their error scores."""
+        self.expired = Outbox()
+        """The error scores of groups past their wait, until the broker takes them."""
         self._looking = asyncio.Lock()
         """A call's look and the periodic one take turns (each would send the same group)."""
 
@@ -124,20 +125,16 @@ class Judge:
                 f"group_wait_s = {wait_s:g}s"
             )
             log.warning("group %s of %s: %s", group_id, first.env, reason)
-            self.expired.append((members, reason))
-        while self.expired:
-            members, reason = self.expired[0]
-            try:
-                await self._score([members], reason)
-            except KafkaError as exc:
-                log.warning(
-                    "the broker did not take the error scores of %d incomplete groups (%r); "
-                    "sent again at the next look",
-                    len(self.expired),
-                    exc,
-                )
-                return
-            self.expired.pop(0)
+            self.expired.put(partial(self._score, [members], reason))
+        try:
+            await self.expired.send()
+        except KafkaError as exc:
+            log.warning(
+                "the broker did not take the error scores of %d incomplete groups (%r); "
+                "sent again at the next look",
+                len(self.expired),
+                exc,
+            )
 
     async def keep_expiring(self, stop: asyncio.Event, every_s: float = 5.0) -> None:
         """Look for expired groups while no rollouts arrive to prompt it."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from support import ScriptedServer
+from support.factories import completed_rollout
 from typer.testing import CliRunner
 
 from rlbus.bus import Bus, Delivery
@@ -18,7 +19,7 @@ from rlbus.config.env import cli_overrides
 from rlbus.consumers.judge.role import JudgeRole
 from rlbus.environment import load_environment
 from rlbus.producers.role import EnvProducerRole
-from rlbus.schemas import DeadLetter, RolloutCompleted, RolloutScored, TaskPublished
+from rlbus.schemas import DeadLetter, RolloutScored, TaskPublished
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reverse_text"
 
@@ -79,19 +80,6 @@ async def test_unknown_envs_and_oversized_groups_are_dead_lettered_by_name(
     assert any(group in line and " tasks " in line for line in console.export_text().splitlines())
 
 
-def rollout(i: int, group: str, size: int) -> RolloutCompleted:
-    return RolloutCompleted(
-        rollout_id=f"{group}-{i}",
-        group_id=group,
-        task_id=group,
-        env="reverse_text",
-        sample_index=i,
-        group_size=size,
-        answer="cba",
-        completion=[{"role": "assistant", "content": "cba"}],
-    )
-
-
 async def test_an_incomplete_group_is_scored_as_errors_after_its_wait(settings: Settings) -> None:
     """Two of four rollouts of a group with a group reward, and never the rest: on main the
     judge held them, and its commits, forever."""
@@ -99,7 +87,7 @@ async def test_an_incomplete_group_is_scored_as_errors_after_its_wait(settings: 
     stop = asyncio.Event()
     judge = asyncio.create_task(JudgeRole(settings, [env]).run(stop))
     async with Bus.of(settings) as bus:
-        await bus.publish_many([rollout(i, "orphan", 4) for i in range(2)])
+        await bus.publish_many([completed_rollout(i, "orphan", 4) for i in range(2)])
         scored = [d.event for d in await collect(settings, "scored", 2, timeout_s=90)]
         stop.set()
         done = await judge

@@ -9,13 +9,14 @@ import asyncio
 from pathlib import Path
 
 from support.broker_refusals import RefusingBus, handled, published
+from support.factories import completed_rollout
 
 from rlbus.bus import Bus, Delivery
 from rlbus.bus.commits import Holds
 from rlbus.config import Settings
 from rlbus.consumers.judge.judging import Judge
 from rlbus.environment import load_environment
-from rlbus.schemas import RolloutCompleted, RolloutScored
+from rlbus.schemas import RolloutScored
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reverse_text"
 WAIT_S = 0.2
@@ -24,22 +25,7 @@ WAIT_S = 0.2
 def arrived(group: str, size: int, holds: Holds, *indices: int, offset: int = 0) -> list[Delivery]:
     """Rollouts `indices` of a group of `size`, as the judge's subscriber delivers them."""
     return [
-        Delivery(
-            RolloutCompleted(
-                rollout_id=f"{group}-{i}",
-                group_id=group,
-                task_id=group,
-                env="reverse_text",
-                sample_index=i,
-                group_size=size,
-                answer="cba",
-                completion=[{"role": "assistant", "content": "cba"}],
-            ),
-            "rollouts",
-            0,
-            offset + n,
-            holds=holds,
-        )
+        Delivery(completed_rollout(i, group, size), "rollouts", 0, offset + n, holds=holds)
         for n, i in enumerate(indices)
     ]
 

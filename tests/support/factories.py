@@ -227,3 +227,17 @@ def scored_group(
             RolloutScored(reward=reward, **place, **common),
         ]
     return events
+
+
+def completed_rollout(i: int, group: str, size: int) -> RolloutCompleted:
+    """Member `i` of a reverse_text group of `size`, answered right ("cba")."""
+    return RolloutCompleted(
+        rollout_id=f"{group}-{i}",
+        group_id=group,
+        task_id=group,
+        env="reverse_text",
+        sample_index=i,
+        group_size=size,
+        answer="cba",
+        completion=[{"role": "assistant", "content": "cba"}],
+    )

@@ -125,15 +125,29 @@ def _not_one_turn(env: Any, task: Any) -> str | None:
     return None
 
 
-def _node(message: dict[str, Any], parent: int | None, sampled: bool = False) -> Any:
+def _append(nodes: list[Any], message: dict[str, Any], sampled: bool = False) -> None:
+    """`message` as the next node of a transcript (its parent: the node before it)."""
     kind = PROMPT_MESSAGES.get(message.get("role", ""))
     if kind is None:
         raise ValueError(f"a {message.get('role')!r} message cannot be replayed to the task")
-    return MessageNode(
-        parent=parent,
-        message=kind(content=message.get("content") or ""),
-        sampled=sampled,
+    nodes.append(
+        MessageNode(
+            parent=len(nodes) - 1 if nodes else None,
+            message=kind(content=message.get("content") or ""),
+            sampled=sampled,
+        )
     )
+
+
+def _reported(traces: list[Any], stop: str | None, error: str | None) -> dict[str, Any]:
+    """What the worker reports of a rollout: its traces' total, their rewards and metrics."""
+    rewards: dict[str, float] = {}
+    metrics: dict[str, float] = {}
+    for trace in traces:
+        rewards.update({k: r.value for k, r in trace.rewards.items() if r is not None})
+        metrics.update({k: v for k, v in trace.metrics.items() if v is not None})
+    reward = sum(t.reward for t in traces)
+    return {"reward": reward, "rewards": rewards, "metrics": metrics, "stop": stop, "error": error}
 
 
 class Adapter:
@@ -208,34 +222,26 @@ class Adapter:
         finally:
             await _drop_clients(endpoint["base_url"])
         traces = list(episode.traces)
-        rewards: dict[str, float] = {}
-        metrics: dict[str, float] = {}
-        for trace in traces:
-            rewards.update({k: r.value for k, r in trace.rewards.items() if r is not None})
-            metrics.update({k: v for k, v in trace.metrics.items() if v is not None})
         errors = [f"{e.type}: {e.message}" for e in episode.errors]
         errors += [f"{e.type}: {e.message}" for t in traces for e in t.errors]
-        return {
-            "reward": sum(t.reward for t in traces),
-            "rewards": rewards,
-            "metrics": metrics,
-            "stop": next((t.stop_condition for t in traces if t.stop_condition), None),
-            "error": "; ".join(errors) if not episode.ok and errors else None,
-        }
+        return _reported(
+            traces,
+            stop=next((t.stop_condition for t in traces if t.stop_condition), None),
+            error="; ".join(errors) if not episode.ok and errors else None,
+        )
 
     async def reset(self, session: str, task: dict[str, Any]) -> dict[str, Any]:
         v1_task = self._task(task["info"]["hosted"]["index"])
         nodes: list[Any] = []
         for message in task.get("prompt") or []:
-            nodes.append(_node(message, len(nodes) - 1 if nodes else None))
+            _append(nodes, message)
         self.sessions[session] = (v1_task, nodes)
         return {"observation": None}
 
     async def step(self, session: str, action: str) -> dict[str, Any]:
         """The model's reply is the answer: the episode is over."""
         _, nodes = self.sessions[session]
-        reply = {"role": "assistant", "content": action}
-        nodes.append(_node(reply, len(nodes) - 1 if nodes else None, sampled=True))
+        _append(nodes, {"role": "assistant", "content": action}, sampled=True)
         return {"observation": None, "reward": 0.0, "done": True}
 
     async def close(self, session: str) -> dict[str, Any]:
@@ -247,13 +253,7 @@ class Adapter:
             nodes=nodes,
         )
         await task.score(trace)
-        return {
-            "reward": trace.reward,
-            "rewards": {k: r.value for k, r in trace.rewards.items() if r is not None},
-            "metrics": {k: v for k, v in trace.metrics.items() if v is not None},
-            "stop": "answered" if trace.assistant_messages else "no_reply",
-            "error": None,
-        }
+        return _reported([trace], "answered" if trace.assistant_messages else "no_reply", None)
 
     async def aclose(self) -> None:
         if self.serving is not None:
