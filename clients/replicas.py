@@ -19,6 +19,7 @@ staleness rule decides). A call whose replica is unreachable, broke off, or is s
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -32,6 +33,7 @@ from rlbus.config import KafkaConfig
 from rlbus.schemas import WeightLoaded
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 LIVE_ANNOUNCEMENTS = 3
 """A replica not heard from for this many announcement periods is taken for gone."""
@@ -92,6 +94,42 @@ class Roster:
             return None
         needed = min(quorum or len(versions), len(versions))
         return versions[needed - 1]
+
+
+@dataclass
+class StartingReplicas:
+    """The replicas a run has from its start (configured, or started for it) and how long a new
+    run's first tasks wait for all of them once one serves the initial weights. prime-rl's
+    orchestrator checks every server's health before its first rollouts; here the wait is
+    bounded, so one replica that never comes up does not stall the run (it joins when it
+    announces itself)."""
+
+    expected: int = 1
+    wait_s: float = 120.0
+    first_up_at: float | None = None
+    """Monotonic seconds when a replica first served the version the run starts from."""
+
+    def all_up(self, roster: Roster, version: int, now: float | None = None) -> bool:
+        """Whether the first tasks may go: `expected` live replicas serve `version`, or
+        `wait_s` passed since the first did (then the run goes on with those, and says so)."""
+        now = time.monotonic() if now is None else now
+        up = sum(1 for r in roster.live() if r.version >= version)
+        if up >= self.expected:
+            return True
+        if self.first_up_at is None:
+            self.first_up_at = now
+        if now - self.first_up_at < self.wait_s:
+            return False
+        log.warning(
+            "%d of the run's %d inference replicas serve version %d after %gs "
+            "(inference.start_wait_s): starting with those; the others join when they "
+            "announce themselves",
+            up,
+            self.expected,
+            version,
+            self.wait_s,
+        )
+        return True
 
 
 @dataclass

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlbus.bus import Bus
-from rlbus.clients.replicas import Roster
+from rlbus.clients.replicas import Roster, StartingReplicas
 from rlbus.config.orchestrator import EnvEntry
 from rlbus.config.runs import RunConfig
 from rlbus.consumers.orchestrator.algorithms import Context, make_algorithm
@@ -77,4 +77,7 @@ def build_orchestrator(bus: Bus, cfg: RunConfig, base_dir: Path) -> Orchestrator
         pacing,
         roster,
         cfg.inference.served_by,
+        StartingReplicas(
+            len(cfg.inference.given()) or cfg.inference.replicas, cfg.inference.start_wait_s
+        ),
     )

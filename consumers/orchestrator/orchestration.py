@@ -37,7 +37,7 @@ from rlbus.bus.announcements import follow_announcements
 from rlbus.bus.leadership import Leadership
 from rlbus.bus.topic_reader import events_back
 from rlbus.bus.unsent import Outbox
-from rlbus.clients.replicas import Roster
+from rlbus.clients.replicas import Roster, StartingReplicas
 from rlbus.config.orchestrator import OrchestratorConfig
 from rlbus.consumers.orchestrator.algorithms import teacher_kl
 from rlbus.consumers.orchestrator.held_out import HeldOut, HeldOutEval
@@ -100,10 +100,12 @@ class Orchestrator:
         pacing: Pacing | None = None,
         roster: Roster | None = None,
         served_by: int = 0,
+        starting: StartingReplicas | None = None,
     ):
         """`pacing`: None for the one cfg.mode names. `roster`: the run's inference replicas
         (fed by `handle` and, with their repeats, by bus.announcements); a version is served
-        once `served_by` live replicas serve it (0: every live one)."""
+        once `served_by` live replicas serve it (0: every live one). `starting`: the replicas
+        the first tasks wait for (default: one)."""
         self.bus = bus
         self.cfg = cfg
         self.run_id = run_id
@@ -119,6 +121,7 @@ class Orchestrator:
         """Batches published so far; None until the trainer has announced its version."""
         self.roster = roster or Roster()
         self.served_by = served_by
+        self.starting = starting or StartingReplicas()
         self.served = -1
         self._waiting_since: float | None = None
         """When tasks began to wait for inference to serve the trainer's version."""
@@ -189,8 +192,14 @@ class Orchestrator:
 
     def _count_served(self) -> None:
         served = self.roster.served(self.served_by)
-        if served is not None and served > self.served:
-            self.served = served
+        if served is None or served <= self.served:
+            return
+        # A new run's first tasks would all go to the replicas that came up first. (A resumed
+        # run, or an orchestrator taking over, goes on with those live: the run is under way.)
+        new_run = self.served < 0 and self.start_version == 0
+        if new_run and not self.starting.all_up(self.roster, 0):
+            return
+        self.served = served
 
     async def _handle(self, deliveries: list[Delivery]) -> None:
         for d in deliveries:
@@ -323,13 +332,15 @@ class Orchestrator:
             self._waiting_since = self._said_waiting = now
         elif now - self._said_waiting >= WAITING_SAID_EVERY_S:
             self._said_waiting = now
-            serving = f"serve {self.served}" if self.served >= 0 else "serve none yet"
+            live = self.roster.live()
             log.warning(
                 "no task sent for %.0fs: waiting for inference to serve version %d, the "
-                "trainer's (its replicas %s); a replica that cannot load it says why in its log",
+                "trainer's (%d of %d replicas serve it); a replica that cannot load it says why "
+                "in its log",
                 now - self._waiting_since,
                 self.start_version,
-                serving,
+                sum(r.version >= self.start_version for r in live),
+                max(self.starting.expected, len(live)),
             )
 
     def _draw_tasks(self, n: int) -> None:

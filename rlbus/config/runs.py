@@ -53,6 +53,11 @@ class InferenceConfig(Section):
     (sync mode's next step, async mode's staleness bound, evaluations); 0: every live replica.
     A replica is live while it re-announces itself (every kafka.announce_every_s); with fewer
     live than this, every live one."""
+    start_wait_s: float = Field(default=120.0, ge=0)
+    """How long a new run's first tasks wait, once one replica serves the initial weights, for
+    the run's others (url and urls, or the `replicas` it starts) to serve them too; then it
+    starts with those live, and the others join when they announce themselves. (A resumed run
+    starts with the replicas live.)"""
     backend: Literal["hf", "vllm"] = "hf"
     """Engine of the inference servers `rlbus run` starts."""
     device: str = "cpu"

@@ -274,8 +274,8 @@ async def test_a_resumed_orchestrator_says_it_waits_for_inference_to_serve_the_t
             clock[0] += 40
     assert said[0] == said[1] == said[3] == [], said
     assert said[2] == [
-        "no task sent for 80s: waiting for inference to serve version 40, the trainer's (its "
-        "replicas serve none yet); a replica that cannot load it says why in its log"
+        "no task sent for 80s: waiting for inference to serve version 40, the trainer's (0 of "
+        "1 replicas serve it); a replica that cannot load it says why in its log"
     ], said
 
 
