@@ -2,13 +2,18 @@
 (b) one student distilled on-policy from both experts, (c) one GRPO run on both environments at
 once; each a `rlbus run` of examples/experts/ (or the environments' smollm2.toml) on one store.
 
-    python bench/experts.py [--model DIR] [--steps 30] [--eval-tasks 64] [--workdir DIR]
+    python bench/experts.py [--model DIR] [--steps 30] [--eval-tasks 64] [--points 3]
+                            [--workdir DIR] [--results DIR]
 
 Steps: each expert trains `--steps`; the student and the joint run each train 2 x `--steps`, the
-experts' total, so (b) and (c) are compared at equal trainer steps. Every run ends with the
-orchestrator's final held-out evaluation (`--eval-tasks` tasks of each environment); the figures
-are the held-out mean reward per environment of each run's last evaluated version, read from the
-store (`held_out_by_env`). Wall time counts each `rlbus run` from launch (start-up included).
+experts' total, so (b) and (c) are compared at equal trainer steps. Every run is evaluated by the
+orchestrator (`--eval-tasks` held-out tasks of each environment) at version 0 and at `--points`
+versions evenly spaced up to its last; the figures are the held-out mean reward per environment
+read from the store (`held_out_by_env`), the table's at each run's last evaluated version. Wall
+time counts each `rlbus run` from launch (start-up included). RESULTS.md (the table, the wall
+times, the command) and experts.png (held-out reward against trainer steps, a panel per
+environment) are written into `--results` (default: the workdir; examples/experts is where the
+repository keeps them).
 
 Last line: RESULT student_vs_experts=<min over environments of student / expert>
                   student_vs_joint=<min over environments of student / joint>
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -48,7 +54,8 @@ def rlbus_run(
         "--model", str(args.model), "--run-id", run_id, "--max-steps", str(steps),
         "--store.url", f"chdb://{store}", "--claim-check.url", str(args.workdir / "claims"),
         "--trainer.checkpoint-url", str(args.workdir / "checkpoints" / run_id),
-        "--orchestrator.eval-every", str(steps), "--orchestrator.eval-tasks", str(args.eval_tasks),
+        "--orchestrator.eval-every", str(math.ceil(steps / max(1, args.points))),
+        "--orchestrator.eval-tasks", str(args.eval_tasks),
         *extra,
     ]  # fmt: skip
     log = args.workdir / f"{run_id}.log"
@@ -60,18 +67,36 @@ def rlbus_run(
     return time.monotonic() - started
 
 
-def final_held_out(args: argparse.Namespace) -> dict[tuple[str, str], float]:
-    """(run, env) -> held-out mean reward of the run's last evaluated version."""
+def held_out(args: argparse.Namespace) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """(run, env) -> (version, held-out mean reward) of each evaluation, oldest first."""
     from rlbus.bus.store import open_store
 
     runs = [*EXPERTS.values(), STUDENT, JOINT]
     with open_store(f"chdb://{args.workdir / 'store'}", read_only=True) as store:
         rows = store.query(
-            "SELECT run_id, env, argMax(mean_reward, step) FROM held_out_by_env "
-            "WHERE run_id IN {runs:Array(String)} GROUP BY run_id, env",
+            "SELECT run_id, env, step, mean_reward FROM held_out_by_env "
+            "WHERE run_id IN {runs:Array(String)} ORDER BY run_id, env, step",
             {"runs": runs},
         ).rows
-    return {(str(run), str(env)): float(reward) for run, env, reward in rows}
+    curves: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for run, env, step, reward in rows:
+        curves.setdefault((str(run), str(env)), []).append((int(step), float(reward)))
+    return curves
+
+
+def curve_png(curves: dict[tuple[str, str], list[tuple[int, float]]]) -> bytes:
+    """A panel per environment: its expert's, the student's and the joint run's curves."""
+    from rlbus.ui.charts import Series
+    from rlbus.ui.figures import Figure
+    from rlbus.ui.report import png
+
+    figures = []
+    for env, expert in EXPERTS.items():
+        runs = {"expert": expert, "student": STUDENT, "joint": JOINT}
+        series = [Series(name, curves.get((run, env), [])) for name, run in runs.items()]
+        title = f"{env}: held-out reward"
+        figures.append(Figure(title, "trainer steps of the run", "mean reward", "0-1", series))
+    return png(figures, columns=len(figures))
 
 
 def ratio(a: float | None, b: float | None) -> float:
@@ -90,7 +115,11 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="default: SmolLM2 imported into bench/out")
     parser.add_argument("--steps", type=int, default=30, help="trainer steps of each expert")
     parser.add_argument("--eval-tasks", type=int, default=64)
+    parser.add_argument(
+        "--points", type=int, default=3, help="evaluations of each run after version 0"
+    )
     parser.add_argument("--workdir", type=Path, help="default: a temporary one")
+    parser.add_argument("--results", type=Path, help="RESULTS.md's folder (default: --workdir)")
     args = parser.parse_args()
     if args.model is None:
         from real_model import default_model
@@ -117,31 +146,78 @@ def main() -> None:
             wall[run] = rlbus_run(config, run, steps, args, *extra)
             progress.update(task, completed=1)
 
-    held = final_held_out(args)
-    table = Table(title="held-out mean reward of each run's last version, by environment")
+    curves = held_out(args)
+    last = {key: points[-1][1] for key, points in curves.items()}
     columns = ("environment", "expert", "student", "joint", "student / expert", "student / joint")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "environment" else "right")
-    vs_experts, vs_joint = [], []
+    rows, vs_experts, vs_joint = [], [], []
     for env, expert in EXPERTS.items():
-        e, s, j = held.get((expert, env)), held.get((STUDENT, env)), held.get((JOINT, env))
+        e, s, j = last.get((expert, env)), last.get((STUDENT, env)), last.get((JOINT, env))
         vs_experts.append(ratio(s, e))
         vs_joint.append(ratio(s, j))
         shown = [f"{v:.3f}" if v is not None else "-" for v in (e, s, j)]
-        table.add_row(env, *shown, f"{vs_experts[-1]:.2f}", f"{vs_joint[-1]:.2f}")
+        rows.append([env, *shown, f"{vs_experts[-1]:.2f}", f"{vs_joint[-1]:.2f}"])
+    table = Table(title="held-out mean reward of each run's last version, by environment")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "environment" else "right")
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
     experts_s = sum(wall[r] for r in EXPERTS.values())
     each = ", ".join(f"{wall[r]:.0f}" for r in EXPERTS.values())
-    console.print(
+    walls = (
         f"wall time: experts {experts_s:.0f} s ({each}), "
         f"student {wall[STUDENT]:.0f} s (experts + student {experts_s + wall[STUDENT]:.0f} s), "
-        f"joint {wall[JOINT]:.0f} s; runs and store in {args.workdir}"
+        f"joint {wall[JOINT]:.0f} s"
     )
-    print(
+    console.print(f"{walls}; runs and store in {args.workdir}")
+    result = (
         f"RESULT student_vs_experts={lowest(vs_experts):.3f} "
         f"student_vs_joint={lowest(vs_joint):.3f} "
         f"expert_steps={args.steps} student_steps={2 * args.steps} joint_steps={2 * args.steps}"
     )
+    results = (args.results or args.workdir).resolve()
+    write_results(results, args, columns, rows, walls, result, curve_png(curves))
+    console.print(f"RESULTS.md and experts.png in {results}")
+    print(result)
+
+
+def write_results(
+    into: Path,
+    args: argparse.Namespace,
+    columns: tuple[str, ...],
+    rows: list[list[str]],
+    walls: str,
+    result: str,
+    curve: bytes,
+) -> None:
+    """RESULTS.md, with experts.png beside it: what ran, the table, the curve."""
+    into.mkdir(parents=True, exist_ok=True)
+    (into / "experts.png").write_bytes(curve)
+    command = " ".join(["python bench/experts.py", *sys.argv[1:]])
+    lines = [
+        "# The experts recipe, side by side",
+        "",
+        f"`{command}` ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; model "
+        f"{args.model.name}): each expert {args.steps} trainer steps on its environment, the "
+        f"student and the joint run {2 * args.steps} each; {args.eval_tasks} held-out tasks of "
+        "each environment per evaluation, read from the store (`held_out_by_env`).",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+        f"`{result}`",
+        "",
+        f"{walls.capitalize()}.",
+        "",
+        "![held-out mean reward against trainer steps, a panel per environment](experts.png)",
+        "",
+        'The same from the store: `rlbus sql "SELECT env, run_id, step, round(mean_reward, 3) '
+        "FROM held_out_by_env ORDER BY env, run_id, step\"` (with `--store.url` of the bench's "
+        "workdir).",
+        "",
+    ]
+    (into / "RESULTS.md").write_text("\n".join(lines))
 
 
 if __name__ == "__main__":
