@@ -3,7 +3,7 @@
 once; each a `rlbus run` of examples/experts/ (or the environments' smollm2.toml) on one store.
 
     python bench/experts.py [--model DIR] [--steps 30] [--eval-tasks 64] [--points 3]
-                            [--workdir DIR] [--results DIR]
+                            [--workdir DIR] [--results DIR] [--stages N]
 
 Steps: each expert trains `--steps`; the student and the joint run each train 2 x `--steps`, the
 experts' total, so (b) and (c) are compared at equal trainer steps. Every run is evaluated by the
@@ -15,6 +15,10 @@ times, the command) and experts.png (held-out reward against trainer steps, a pa
 environment) are written into `--results` (default: the workdir; examples/experts is where the
 repository keeps them).
 
+The four runs take hours on a small machine: `--stages N` runs N of them and stops; run again
+with the same `--workdir` and the stages done there (stages.json: each one's wall time) are kept,
+and one stopped midway goes on from its checkpoint (`rlbus run --resume`).
+
 Last line: RESULT student_vs_experts=<min over environments of student / expert>
                   student_vs_joint=<min over environments of student / joint>
 (issue 34 aims at >= 0.9 and >= 1.0.)
@@ -23,6 +27,7 @@ Last line: RESULT student_vs_experts=<min over environments of student / expert>
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import subprocess
@@ -47,20 +52,26 @@ console = Console()
 def rlbus_run(
     config: Path, run_id: str, steps: int, args: argparse.Namespace, *extra: str
 ) -> float:
-    """One `rlbus run` to its last step on the bench's store; its wall time in seconds."""
+    """One `rlbus run` to its last step on the bench's store; its wall time in seconds (of
+    this invocation: a run stopped midway before goes on from its checkpoint)."""
+    from rlbus.consumers.trainer.checkpoint import CheckpointStore
+
     store = args.workdir / "store"
+    checkpoints = args.workdir / "checkpoints" / run_id
     command = [
         str(Path(sys.executable).with_name("rlbus")), "run", str(config),
         "--model", str(args.model), "--run-id", run_id, "--max-steps", str(steps),
         "--store.url", f"chdb://{store}", "--claim-check.url", str(args.workdir / "claims"),
-        "--trainer.checkpoint-url", str(args.workdir / "checkpoints" / run_id),
+        "--trainer.checkpoint-url", str(checkpoints),
         "--orchestrator.eval-every", str(math.ceil(steps / max(1, args.points))),
         "--orchestrator.eval-tasks", str(args.eval_tasks),
         *extra,
     ]  # fmt: skip
+    if CheckpointStore(str(checkpoints)).exists():
+        command.append("--resume")
     log = args.workdir / f"{run_id}.log"
     started = time.monotonic()
-    with log.open("w") as out:
+    with log.open("a") as out:
         done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=args.workdir)
     if done.returncode != 0:
         raise SystemExit(f"rlbus run {run_id} exited {done.returncode}: see {log}")
@@ -120,6 +131,12 @@ def main() -> None:
     )
     parser.add_argument("--workdir", type=Path, help="default: a temporary one")
     parser.add_argument("--results", type=Path, help="RESULTS.md's folder (default: --workdir)")
+    parser.add_argument(
+        "--stages",
+        type=int,
+        default=0,
+        help="run at most this many of the stages not done yet in --workdir, then stop (0: all)",
+    )
     args = parser.parse_args()
     if args.model is None:
         from real_model import default_model
@@ -130,7 +147,6 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     console.print(f"experts bench: {args.model.name}, {args.steps} steps an expert, {args.workdir}")
 
-    wall: dict[str, float] = {}
     student_teachers = [
         f"--envs.{env}.algorithm.teacher=run:{run}@latest" for env, run in EXPERTS.items()
     ]
@@ -139,12 +155,22 @@ def main() -> None:
         (STUDENT, EXAMPLES / "experts" / "student.toml", 2 * args.steps, student_teachers),
         (JOINT, EXAMPLES / "experts" / "joint.toml", 2 * args.steps, []),
     ]
+    done = args.workdir / "stages.json"
+    wall = json.loads(done.read_text()) if done.exists() else {}
+    todo = [stage for stage in stages if f"{stage[0]}@{stage[2]}" not in wall]
+    if len(todo) < len(stages):
+        console.print(f"{len(stages) - len(todo)} stages done before in {args.workdir}: kept")
     bar = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     with Progress(*bar, console=console) as progress:
-        for run, config, steps, extra in stages:
+        for run, config, steps, extra in todo[: args.stages or None]:
             task = progress.add_task(f"{run}: {steps} steps", total=1)
-            wall[run] = rlbus_run(config, run, steps, args, *extra)
+            wall[f"{run}@{steps}"] = rlbus_run(config, run, steps, args, *extra)
+            done.write_text(json.dumps(wall))
             progress.update(task, completed=1)
+    left = [run for run, _, steps, _ in stages if f"{run}@{steps}" not in wall]
+    if left:
+        raise SystemExit(f"stages left: {', '.join(left)}; run again with --workdir {args.workdir}")
+    wall = {key.split("@")[0]: seconds for key, seconds in wall.items()}
 
     curves = held_out(args)
     last = {key: points[-1][1] for key, points in curves.items()}
