@@ -7,10 +7,30 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+def _pauses(
+    predicate: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    interval_s: float,
+    check: Callable[[], None] | None,
+) -> Iterator[float]:
+    """The pauses of one wait, the same for a thread and the event loop: one before each try
+    after the first, until `predicate()` holds; TimeoutError naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if check is not None:
+            check()
+        if predicate():
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        yield interval_s
 
 
 def wait_for(
@@ -21,15 +41,8 @@ def wait_for(
     check: Callable[[], None] | None = None,
 ) -> None:
     """Poll `predicate()` until true, or raise TimeoutError naming `what`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if check is not None:
-            check()
-        if predicate():
-            return
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(interval_s)
+    for pause in _pauses(predicate, timeout_s, what, interval_s, check):
+        time.sleep(pause)
 
 
 async def wait_until(
@@ -40,15 +53,8 @@ async def wait_until(
     check: Callable[[], None] | None = None,
 ) -> None:
     """`wait_for` without blocking the event loop."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if check is not None:
-            check()
-        if predicate():
-            return
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        await asyncio.sleep(interval_s)
+    for pause in _pauses(predicate, timeout_s, what, interval_s, check):
+        await asyncio.sleep(pause)
 
 
 async def every(
