@@ -131,15 +131,17 @@ def _say(line: str) -> None:
     console.print(line, markup=False)
 
 
-def _print_import(s: ImportSummary) -> None:
-    table = Table(title="rlbus model import", show_header=False)
+def _print_written(
+    title: str, about: list[tuple[str, str]], s: ImportSummary | ModelExport, then: str
+) -> None:
+    """What an import or an export wrote: `about` its own rows, then the model's, then what to
+    do with it."""
+    table = Table(title=title, show_header=False)
     rows = [
-        ("source", f"{s.source.origin or s.source.path} ({s.source.kind})"),
+        *about,
         ("out", str(s.out)),
         ("architecture", s.architecture),
         ("parameters", f"{s.parameters:,}"),
-        ("layers", str(s.layers)),
-        ("vocabulary", f"{s.vocab:,}"),
         ("tied embeddings", "yes" if s.tied else "no"),
         ("dtype", s.dtype),
         ("size on disk", f"{s.bytes_on_disk / 2**20:,.1f} MiB"),
@@ -148,12 +150,22 @@ def _print_import(s: ImportSummary) -> None:
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
-    console.print(
+    console.print(then, markup=False, soft_wrap=True)
+
+
+def _print_import(s: ImportSummary) -> None:
+    about = [
+        ("source", f"{s.source.origin or s.source.path} ({s.source.kind})"),
+        ("layers", str(s.layers)),
+        ("vocabulary", f"{s.vocab:,}"),
+    ]
+    _print_written(
+        "rlbus model import",
+        about,
+        s,
         f"next  serve it: rlbus worker inference --model {s.out}\n"
         f"      eval it:  rlbus eval ENV --model {s.out.name} --base-url http://127.0.0.1:8000/v1\n"
         f"      train it: rlbus run CONFIG --model {s.out}",
-        markup=False,
-        soft_wrap=True,
     )
 
 
@@ -211,28 +223,18 @@ def model_export_command(
 
 
 def _print_export(s: ModelExport) -> None:
-    table = Table(title="rlbus model export", show_header=False)
-    rows = [
+    about = [
         ("run", s.version.run_id),
         ("version", str(s.version.version)),
         ("weights", f"{s.version.uri} ({s.kind})"),
         ("base", str(s.base)),
-        ("out", str(s.out)),
-        ("architecture", s.architecture),
-        ("parameters", f"{s.parameters:,}"),
-        ("tied embeddings", "yes" if s.tied else "no"),
-        ("dtype", s.dtype),
-        ("size on disk", f"{s.bytes_on_disk / 2**20:,.1f} MiB"),
-        ("seconds", f"{s.seconds:.1f}"),
     ]
-    for name, value in rows:
-        table.add_row(name, value)
-    console.print(table)
-    console.print(
+    _print_written(
+        "rlbus model export",
+        about,
+        s,
         f"next  load it:  AutoModelForCausalLM.from_pretrained({str(s.out)!r})\n"
         f"      serve it: rlbus worker inference --model {s.out}",
-        markup=False,
-        soft_wrap=True,
     )
 
 
