@@ -9,7 +9,13 @@ from typing import Any
 from rlbus.clients.openai_wire import sse, tool_call
 from rlbus.producers.interception.calls import CallResult, ModelCall
 from rlbus.producers.interception.openai_messages import Message
-from rlbus.producers.interception.wire import BadRequest, Pieces, Request, unsent
+from rlbus.producers.interception.wire import (
+    BadRequest,
+    Pieces,
+    Request,
+    function_tools,
+    unsent,
+)
 from rlbus.schemas.chat import text_of
 
 _TEXT_START = {"type": "text", "text": ""}
@@ -62,19 +68,7 @@ def _messages(body: dict[str, Any]) -> list[Message]:
 
 
 def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": t["name"],
-                "description": t.get("description") or "",
-                "parameters": t.get("input_schema") or {"type": "object", "properties": {}},
-            },
-        }
-        for t in body.get("tools") or []
-        if "name" in t
-    ]
-    return tools or None
+    return function_tools(body.get("tools"), "input_schema", lambda t: "name" in t)
 
 
 class AnthropicMessages:

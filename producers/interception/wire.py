@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -46,3 +46,23 @@ def unsent(content: str | None, sent: str) -> str:
     text's start as sampled; should the whole message read otherwise, what was sent stands."""
     content = content or ""
     return content[len(sent) :] if content.startswith(sent) else ""
+
+
+def function_tools(
+    tools: list[dict[str, Any]] | None, schema: str, offered: Callable[[dict[str, Any]], bool]
+) -> list[dict[str, Any]] | None:
+    """A protocol's tool list as the chat format's function tools (what the renderer takes):
+    each tool `offered` keeps, its JSON schema under the protocol's key `schema`."""
+    functions = [
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t.get("description") or "",
+                "parameters": t.get(schema) or {"type": "object", "properties": {}},
+            },
+        }
+        for t in tools or []
+        if offered(t)
+    ]
+    return functions or None
