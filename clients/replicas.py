@@ -86,6 +86,10 @@ class Roster:
         versions = [r.version for r in self.live(now) if r.url == url]
         return max(versions) if versions else None
 
+    def serving(self, version: int, now: float | None = None) -> int:
+        """How many live replicas serve `version` or a newer one."""
+        return sum(r.version >= version for r in self.live(now))
+
     def served(self, quorum: int = 0, now: float | None = None) -> int | None:
         """The newest version at least `quorum` live replicas serve (0: every live replica);
         when fewer are live, every live one. None while no replica is live."""
@@ -113,7 +117,7 @@ class StartingReplicas:
         """Whether the first tasks may go: `expected` live replicas serve `version`, or
         `wait_s` passed since the first did (then the run goes on with those, and says so)."""
         now = time.monotonic() if now is None else now
-        up = sum(1 for r in roster.live() if r.version >= version)
+        up = roster.serving(version)
         if up >= self.expected:
             return True
         if self.first_up_at is None:

@@ -332,15 +332,14 @@ class Orchestrator:
             self._waiting_since = self._said_waiting = now
         elif now - self._said_waiting >= WAITING_SAID_EVERY_S:
             self._said_waiting = now
-            live = self.roster.live()
             log.warning(
                 "no task sent for %.0fs: waiting for inference to serve version %d, the "
                 "trainer's (%d of %d replicas serve it); a replica that cannot load it says why "
                 "in its log",
                 now - self._waiting_since,
                 self.start_version,
-                sum(r.version >= self.start_version for r in live),
-                max(self.starting.expected, len(live)),
+                self.roster.serving(self.start_version),
+                max(self.starting.expected, len(self.roster.live())),
             )
 
     def _draw_tasks(self, n: int) -> None:
