@@ -6,12 +6,13 @@ sharded or not), at any fsspec URL (`file://`, `s3://`, `memory://`, a plain pat
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import fsspec
 import torch
 from safetensors.torch import load as load_safetensors_bytes
-from safetensors.torch import load_file as load_safetensors_file
 
 from rlbus.bus.files import is_local
 from rlbus.consumers.model_size import header_entries, read_bytes, read_header, safetensors_files
@@ -73,6 +74,52 @@ def weights_kind(uri: str) -> WeightsKind:
     return _one_kind(kinds, uri)
 
 
+DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+"""safetensors' dtype names, as torch's."""
+
+
+def map_safetensors(path: str) -> tuple[bytes, dict[str, torch.Tensor]]:
+    """A local safetensors file's header and its tensors, as views of a private mapping of the
+    file: pages load as the tensors are read, writes to them stay in this process, and the
+    mapping goes with the last tensor. safetensors' own `load_file` (0.8.0) keeps some Python
+    heap for every tensor it reads, for the life of the process
+    (tests/inference/test_checkpoint_reader.py): on the path of every weight version served."""
+    with open(path, "rb") as f:
+        header = read_header(f)
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    start = len(header)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, entry in header_entries(header).items():
+        if name == "__metadata__":
+            continue
+        if entry["dtype"] not in DTYPES:
+            raise ValueError(f"tensor {name} has dtype {entry['dtype']}, which torch cannot read")
+        dtype, shape = DTYPES[entry["dtype"]], entry["shape"]
+        begin, end = entry["data_offsets"]
+        count = math.prod(shape)
+        if start + end > len(mapped) or end - begin != count * dtype.itemsize:
+            raise ValueError(f"tensor {name} lies outside the file's {len(mapped)} bytes")
+        if count == 0:  # a buffer view of no bytes is refused
+            tensors[name] = torch.empty(shape, dtype=dtype)
+            continue
+        flat = torch.frombuffer(mapped, dtype=dtype, count=count, offset=start + begin)
+        tensors[name] = flat.view(shape)
+    return header, tensors
+
+
 def read_checkpoint(uri: str) -> Checkpoint:
     """Every tensor of the checkpoint, on CPU, and what kind of weights they are. Local files
     are mapped, not read: the tensors' pages load as they are copied into the model, with no
@@ -83,9 +130,9 @@ def read_checkpoint(uri: str) -> Checkpoint:
     for file in files:
         try:
             if is_local(fs):
-                with fs.open(file, "rb") as f:
-                    kinds.add(_kind(read_header(f)))
-                tensors.update(load_safetensors_file(file))
+                header, mapped = map_safetensors(file)
+                kinds.add(_kind(header))
+                tensors.update(mapped)
             else:
                 with fs.open(file, "rb") as f:
                     raw = read_bytes(f)

@@ -53,6 +53,7 @@ from rlbus.consumers.inference.api import (
 )
 from rlbus.consumers.inference.checkpoint_reader import (
     checkpoint_files,
+    map_safetensors,
     tensor_names,
     weights_kind,
 )
@@ -216,16 +217,14 @@ def stage_checkpoint(uri: str, into: str | None = None, tied: bool = False) -> s
         else:
             fs.get(file, str(staged))
     if needs_head:
-        from safetensors import safe_open
         from safetensors.torch import save_file
 
         for staged in sorted(Path(target).glob("*.safetensors")):
-            # Only the embedding is read: a reload is on the weight update's path.
-            with safe_open(str(staged), framework="pt") as f:
-                if embedding in f.keys():  # a safe_open handle, not a dict
-                    tensors = {head: f.get_tensor(embedding)}
-                    save_file(tensors, str(Path(target) / "tied_head.safetensors"))
-                    break
+            # Mapped: only the embedding's pages are read, on the weight update's path.
+            tensors = map_safetensors(str(staged))[1]
+            if embedding in tensors:
+                save_file({head: tensors[embedding]}, str(Path(target) / "tied_head.safetensors"))
+                break
     return target
 
 
