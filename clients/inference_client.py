@@ -32,6 +32,11 @@ from rlbus.clients.token_api import (
 T = TypeVar("T")
 
 
+KEEPALIVE_S = 4.0
+"""How long an idle connection is kept for the next request: under the 5 s after which uvicorn
+(the inference server's) closes one."""
+
+
 class InferenceError(RuntimeError):
     """The server could not be reached or answered an error; `status` 502 when unreachable."""
 
@@ -116,21 +121,33 @@ class InferenceClient:
     async def _request(
         self, url: str, body: msgspec.Struct
     ) -> AsyncIterator[aiohttp.ClientResponse]:
+        try:
+            headers = {"content-type": "application/json"}
+            propagate.inject(headers)  # W3C trace context: inference continues the call's trace
+            response = await self._sent(url, msgspec.json.encode(body), headers)
+            async with response:
+                yield response
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise InferenceError(f"inference {url} unreachable: {exc!r}") from exc
+
+    async def _sent(self, url: str, data: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
+        """The response to a POST, sent once more when the server closed the connection before
+        answering. A server closes a kept-alive connection that idled past its limit, and a
+        request sent on it as it closes was never read (tests/inference/test_inference_client.py):
+        sent again, it goes on a new connection. A server that had begun to answer is not
+        asked again."""
         if self._session is None:
             # Made on first use, inside the event loop that will use it (aiohttp binds to it).
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                connector=aiohttp.TCPConnector(limit=0),
-            )  # concurrency is bounded by the callers
+                # limit=0: concurrency is bounded by the callers. An idle connection is given up
+                # before uvicorn's 5 s would close it from the other end.
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
+            )
         try:
-            headers = {"content-type": "application/json"}
-            propagate.inject(headers)  # W3C trace context: inference continues the call's trace
-            async with self._session.post(
-                url, data=msgspec.json.encode(body), headers=headers
-            ) as response:
-                yield response
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise InferenceError(f"inference {url} unreachable: {exc!r}") from exc
+            return await self._session.post(url, data=data, headers=headers)
+        except aiohttp.ServerDisconnectedError:
+            return await self._session.post(url, data=data, headers=headers)
 
     @staticmethod
     async def _refused(url: str, response: aiohttp.ClientResponse) -> InferenceError:
