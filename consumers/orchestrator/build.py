@@ -77,7 +77,5 @@ def build_orchestrator(bus: Bus, cfg: RunConfig, base_dir: Path) -> Orchestrator
         pacing,
         roster,
         cfg.inference.served_by,
-        StartingReplicas(
-            len(cfg.inference.given()) or cfg.inference.replicas, cfg.inference.start_wait_s
-        ),
+        StartingReplicas(cfg.inference.expected(), cfg.inference.start_wait_s),
     )

@@ -76,6 +76,12 @@ class InferenceConfig(Section):
         """The running servers configured (url first); empty: `rlbus run` starts its own."""
         return [u for u in (self.url, *self.urls) if u]
 
+    def expected(self) -> int:
+        """How many servers the run has from its start: those configured, or the `replicas`
+        `rlbus run` starts. The larger of the two, as `rlbus run` gives its orchestrator the
+        first replica's URL (the policy's server) beside the run's `replicas`."""
+        return max(len(self.given()), self.replicas)
+
 
 class HealthConfig(Section):
     """What `rlbus run` records of its own processes while it runs (rlbus.launch.run_health),

@@ -32,12 +32,23 @@ async def announce(o: Orchestrator, run: str, worker: str, version: int) -> None
     await o.handle([Delivery(event, topic_of(event), 0, 0)])
 
 
+@pytest.mark.parametrize(
+    "inference",
+    [
+        {"replicas": 2},
+        # What `rlbus run` gives its orchestrator: the first replica's URL (the policy's server
+        # for self-distillation) beside the run's `replicas`. Counted as one replica, it let a
+        # CI run's tasks go before the second came up (all 64 rollouts on the first).
+        {"replicas": 2, "url": "http://first/v1"},
+    ],
+    ids=["replicas", "replicas-and-the-first-url"],
+)
 async def test_the_first_tasks_wait_until_every_replica_of_the_run_serves(
-    settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path, inference: dict[str, object]
 ) -> None:
     run = settings.run_id
     async with Bus.of(settings) as bus:
-        o = build_orchestrator(bus, with_replicas(settings, tmp_path, replicas=2), EXAMPLE)
+        o = build_orchestrator(bus, with_replicas(settings, tmp_path, **inference), EXAMPLE)
         o._on_version(0)  # the trainer's first version
         await announce(o, run, "first", 0)
         await o.tick()
