@@ -136,18 +136,23 @@ class InferenceClient:
         request sent on it as it closes was never read (tests/inference/test_inference_client.py):
         sent again, it goes on a new connection. A server that had begun to answer is not
         asked again."""
+        session = self._opened()
+        try:
+            return await session.post(url, data=data, headers=headers)
+        except aiohttp.ServerDisconnectedError:
+            return await session.post(url, data=data, headers=headers)
+
+    def _opened(self) -> aiohttp.ClientSession:
+        """The session, made on first use inside the event loop that uses it (aiohttp binds to
+        it)."""
         if self._session is None:
-            # Made on first use, inside the event loop that will use it (aiohttp binds to it).
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 # limit=0: concurrency is bounded by the callers. An idle connection is given up
                 # before uvicorn's 5 s would close it from the other end.
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
             )
-        try:
-            return await self._session.post(url, data=data, headers=headers)
-        except aiohttp.ServerDisconnectedError:
-            return await self._session.post(url, data=data, headers=headers)
+        return self._session
 
     @staticmethod
     async def _refused(url: str, response: aiohttp.ClientResponse) -> InferenceError:
