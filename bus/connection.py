@@ -46,3 +46,8 @@ def client_options(kafka: KafkaConfig) -> dict[str, Any]:
             "sasl_plain_password": kafka.sasl_password.reveal(),
         }
     return options
+
+
+def fetch_options(kafka: KafkaConfig) -> dict[str, Any]:
+    """Keyword arguments of a consumer (aiokafka's or FastStream's) that waits for new records."""
+    return {"fetch_max_wait_ms": kafka.fetch_max_wait_ms}

@@ -38,7 +38,7 @@ from faststream.specification import AsyncAPI
 from pydantic import BaseModel
 
 from rlbus.bus.claim_check import ClaimStore
-from rlbus.bus.connection import client_options
+from rlbus.bus.connection import client_options, fetch_options
 from rlbus.bus.middleware import DeadLetters
 from rlbus.bus.publisher import Topics
 from rlbus.bus.records import from_record, to_message
@@ -143,6 +143,7 @@ class FastStreamBus:
                 "list): subscribe with batch=True and take list[...] "
                 "(docs/kafka-clients.md: batched topics)"
             )
+        options = fetch_options(self.kafka) | options
         options.setdefault("ack_policy", AckPolicy.ACK)
         options.setdefault("auto_offset_reset", "earliest")
         options.setdefault("max_partition_fetch_bytes", self.kafka.max_request_size)

@@ -29,7 +29,7 @@ from aiokafka.errors import InvalidSessionTimeoutError
 
 from rlbus.bus import progress
 from rlbus.bus.commits import COMMIT_TIMEOUT_S, Holds, Offsets, Polled
-from rlbus.bus.connection import client_options
+from rlbus.bus.connection import client_options, fetch_options
 from rlbus.bus.membership import group_options, leave_first_generation, session_refused
 from rlbus.bus.middleware import DeadLetters, SeenIds, traced
 from rlbus.bus.progress import PartitionProgress
@@ -154,6 +154,7 @@ class Subscriber(Generic[H]):
             *[self.bus.topics.name(t) for t in self.topics],
             **client_options(kafka),
             **group_options(kafka),
+            **fetch_options(kafka),
             group_id=kafka.topic_prefix + self.group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",

@@ -39,6 +39,13 @@ class KafkaConfig(Section):
     env producer publishes the rollouts it already ran rather than running them again."""
     fetch_max_records: int = Field(default=2000, ge=1)
     """Most records one consumer poll hands to a handler."""
+    fetch_max_wait_ms: int = Field(default=100, ge=0)
+    """Longest a consumer's fetch waits at the broker for records to arrive. The embedded broker
+    answers a fetch only when this wait is over, even when records arrived meanwhile (a Kafka
+    broker answers as soon as they do): an idle consumer sees a new event up to this late, on
+    every hop of the loop (a weight version reaching the inference included). Lower: sooner,
+    for more fetches an idle consumer sends (`python bench/bus_latency.py` measures both). A
+    Kafka or Redpanda deployment may set Kafka's own default, 500, for fewer idle fetches."""
     ack_ledger: str = ""
     """Directory where a process writes, when its bus stops, the highest offset the broker
     acknowledged per topic and partition; `rlbus run` sets it, to count what a dead embedded

@@ -414,10 +414,11 @@ def test_claims_and_checkpoints_are_where_every_replica_reaches_them() -> None:
         )
 
 
-def test_consumer_groups_use_session_timeouts_a_kafka_broker_accepts(
+def test_consumers_use_session_timeouts_and_fetch_waits_for_a_kafka_broker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Kafka and Redpanda refuse sessions under 6 s (group.min.session.timeout.ms)."""
+    """Kafka and Redpanda refuse sessions under 6 s (group.min.session.timeout.ms), and answer a
+    waiting fetch when records arrive: a long wait costs no latency there, only idle fetches."""
     compose_env = next(iter(compose_services().values()))["environment"]
     secret = {"CLICKHOUSE_PASSWORD": "x", "RLBUS_STORE__PASSWORD": "x"}
     for env in ({k: interpolated(str(v), secret) for k, v in compose_env.items()}, configmap()):
@@ -428,3 +429,4 @@ def test_consumer_groups_use_session_timeouts_a_kafka_broker_accepts(
         kafka = load_settings().kafka
         assert kafka.session_timeout_ms >= 6000
         assert 3 * kafka.heartbeat_interval_ms <= kafka.session_timeout_ms
+        assert kafka.fetch_max_wait_ms >= 500

@@ -1,0 +1,155 @@
+"""How late an idle rlbus subscriber sees a new event on the embedded broker, and what its
+fetches cost the broker, at Kafka's default fetch wait (500 ms: what rlbus used before
+`kafka.fetch_max_wait_ms`) and at rlbus's default.
+
+    python bench/bus_latency.py [--wait-ms MS] [--trials 40] [--idle-consumers 12] [--idle-s 20]
+
+Per wait, on one embedded broker:
+
+1. latency: a subscriber of `weights` (as the inference role's) and a publisher; one
+   `WeightVersion` at a time, after a random pause (50-600 ms: the subscriber idle, its fetch
+   waiting at the broker): the time from the publish call to the handler's.
+2. idle cost: `--idle-consumers` subscribers, each a group of its own, of every rlbus topic
+   but `weights` (as the sink is), none published to, for `--idle-s` seconds: the broker's CPU
+   share over that time.
+
+`--wait-ms` compares another wait than rlbus's default with 500 ms.
+
+Last line: RESULT latency_p50_ms=<at rlbus's default> latency_p50_vs_500=<that / at 500 ms>
+                  latency_max_ms=<at rlbus's default> broker_idle_cpu_pct=<at rlbus's default>
+                  broker_idle_cpu_pct_500=<at 500 ms>
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # tests/support
+from soak import proc_stats
+from support.isolated import isolated_settings
+
+from rlbus.bus import Bus, EmbeddedBroker
+from rlbus.config import KafkaConfig, Settings
+from rlbus.schemas import TOPICS, WeightVersion
+
+KAFKA_DEFAULT_WAIT_MS = 500
+
+
+def with_wait(settings: Settings, wait_ms: int) -> Settings:
+    return settings.model_copy(
+        update={"kafka": settings.kafka.model_copy(update={"fetch_max_wait_ms": wait_ms})}
+    )
+
+
+async def latencies(settings: Settings, trials: int) -> list[float]:
+    """Seconds from each publish call to the handler's call, the subscriber idle before each."""
+    arrived: dict[int, float] = {}
+    got = asyncio.Event()
+    stop = asyncio.Event()
+    async with Bus.of(settings) as bus:
+
+        @bus.subscriber("weights", group="latency", batch=True)
+        async def handle(batch) -> None:
+            for delivery in batch:
+                arrived[delivery.event.version] = time.perf_counter()
+            got.set()
+
+        consuming = asyncio.create_task(handle.run(stop))
+        await bus.publish(WeightVersion(version=0, step=0, uri="warm-up"))
+        await asyncio.wait_for(got.wait(), 60)  # joined, and past its first fetch
+        took = []
+        for version in range(1, trials + 1):
+            await asyncio.sleep(random.uniform(0.05, 0.6))
+            got.clear()
+            sent = time.perf_counter()
+            await bus.publish(WeightVersion(version=version, step=version, uri="x"))
+            await asyncio.wait_for(got.wait(), 30)
+            took.append(arrived[version] - sent)
+        stop.set()
+        await consuming
+    return took
+
+
+async def idle_cpu(settings: Settings, broker_pid: int, consumers: int, idle_s: float) -> float:
+    """The broker's CPU share (% of one core) while `consumers` subscribers wait for nothing."""
+    stop = asyncio.Event()
+    async with Bus.of(settings) as bus:
+
+        async def nothing(batch) -> None:
+            raise AssertionError("nothing is published to these topics")
+
+        topics = [topic.name for topic in TOPICS if topic.name != "weights"]
+        subscribers = [
+            bus.subscriber(*topics, group=f"idle-{i}", batch=True)(nothing)
+            for i in range(consumers)
+        ]
+        running = [asyncio.create_task(s.run(stop)) for s in subscribers]
+        await asyncio.sleep(5)  # joined and fetching
+        before, started = cpu_s(broker_pid), time.perf_counter()
+        await asyncio.sleep(idle_s)
+        after, ended = cpu_s(broker_pid), time.perf_counter()
+        stop.set()
+        await asyncio.gather(*running)
+    return 100 * (after - before) / (ended - started)
+
+
+def cpu_s(pid: int) -> float:
+    stats = proc_stats(pid)
+    if stats is None:
+        raise RuntimeError(f"the broker (pid {pid}) exited")
+    return stats[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=40)
+    parser.add_argument("--idle-consumers", type=int, default=12)
+    parser.add_argument("--idle-s", type=float, default=20.0)
+    parser.add_argument(
+        "--wait-ms", type=int, default=KafkaConfig().fetch_max_wait_ms, help="default: rlbus's"
+    )
+    args = parser.parse_args()
+    default_ms = args.wait_ms
+    figures = {}
+    with tempfile.TemporaryDirectory(prefix="rlbus-latency-") as work, EmbeddedBroker() as broker:
+        assert broker.pid is not None
+        for wait_ms in (KAFKA_DEFAULT_WAIT_MS, default_ms):
+            settings = with_wait(isolated_settings(broker, Path(work) / str(wait_ms)), wait_ms)
+            print(f"fetch_max_wait_ms={wait_ms} ...", file=sys.stderr, flush=True)
+            took = sorted(asyncio.run(latencies(settings, args.trials)))
+            cpu = asyncio.run(idle_cpu(settings, broker.pid, args.idle_consumers, args.idle_s))
+            figures[wait_ms] = (took, cpu)
+    table = Table("kafka.fetch_max_wait_ms", "p50 ms", "p90 ms", "max ms", "broker CPU, idle")
+    for wait_ms, (took, cpu) in figures.items():
+        p90 = took[int(0.9 * (len(took) - 1))]
+        table.add_row(
+            str(wait_ms),
+            f"{1000 * statistics.median(took):.1f}",
+            f"{1000 * p90:.1f}",
+            f"{1000 * took[-1]:.1f}",
+            f"{cpu:.1f} %",
+        )
+    Console().print(table)
+    took, cpu = figures[default_ms]
+    took_500, cpu_500 = figures[KAFKA_DEFAULT_WAIT_MS]
+    print(
+        f"RESULT latency_p50_ms={1000 * statistics.median(took):.1f} "
+        f"latency_p50_vs_500={statistics.median(took) / statistics.median(took_500):.3f} "
+        f"latency_max_ms={1000 * took[-1]:.1f} broker_idle_cpu_pct={cpu:.1f} "
+        f"broker_idle_cpu_pct_500={cpu_500:.1f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
