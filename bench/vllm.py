@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,8 @@ from support.isolated import isolated_settings
 
 from rlbus.bus import Bus, EmbeddedBroker, free_port
 from rlbus.config import Settings
+from rlbus.config.runs import VLLMConfig
+from rlbus.consumers.inference.vllm_backend import available_memory, engine_settings
 from rlbus.launch.engines import engine_python
 from rlbus.launch.processes import RoleProcess
 from rlbus.schemas import WeightVersion
@@ -76,7 +79,10 @@ def offline(model: Path, batch: list[list[int]], max_tokens: int) -> float:
     script = Path(tempfile.mkdtemp()) / "offline.py"
     script.write_text(OFFLINE)
     argv = [engine_python(), str(script), str(model), json.dumps(batch), str(max_tokens)]
-    done = subprocess.run([*argv, str(MAX_MODEL_LEN)], stdout=subprocess.PIPE, text=True)
+    # The KV cache the served engine gets: vLLM's own CPU default takes 92 % of the machine's
+    # memory, and its worker was killed for it on an idle 24 GB machine.
+    env = os.environ | engine_settings(VLLMConfig(), "cpu", MAX_MODEL_LEN, available_memory())[1]
+    done = subprocess.run([*argv, str(MAX_MODEL_LEN)], stdout=subprocess.PIPE, text=True, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("PART ")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"vLLM's offline generate exited {done.returncode}")
