@@ -120,34 +120,31 @@ def main() -> None:
         "--wait-ms", type=int, default=KafkaConfig().fetch_max_wait_ms, help="default: rlbus's"
     )
     args = parser.parse_args()
-    default_ms = args.wait_ms
-    figures = {}
+    figures: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="rlbus-latency-") as work, EmbeddedBroker() as broker:
         assert broker.pid is not None
-        for wait_ms in (KAFKA_DEFAULT_WAIT_MS, default_ms):
+        for wait_ms in (KAFKA_DEFAULT_WAIT_MS, args.wait_ms):
             settings = with_wait(isolated_settings(broker, Path(work) / str(wait_ms)), wait_ms)
             print(f"fetch_max_wait_ms={wait_ms} ...", file=sys.stderr, flush=True)
             took = sorted(asyncio.run(latencies(settings, args.trials)))
-            cpu = asyncio.run(idle_cpu(settings, broker.pid, args.idle_consumers, args.idle_s))
-            figures[wait_ms] = (took, cpu)
+            idle = idle_cpu(settings, broker.pid, args.idle_consumers, args.idle_s)
+            figures[wait_ms] = {
+                "p50": 1000 * statistics.median(took),
+                "p90": 1000 * took[int(0.9 * (len(took) - 1))],
+                "max": 1000 * took[-1],
+                "cpu": asyncio.run(idle),
+            }
     table = Table("kafka.fetch_max_wait_ms", "p50 ms", "p90 ms", "max ms", "broker CPU, idle")
-    for wait_ms, (took, cpu) in figures.items():
-        p90 = took[int(0.9 * (len(took) - 1))]
-        table.add_row(
-            str(wait_ms),
-            f"{1000 * statistics.median(took):.1f}",
-            f"{1000 * p90:.1f}",
-            f"{1000 * took[-1]:.1f}",
-            f"{cpu:.1f} %",
-        )
+    for wait_ms, f in figures.items():
+        ms = [f"{f[key]:.1f}" for key in ("p50", "p90", "max")]
+        table.add_row(str(wait_ms), *ms, f"{f['cpu']:.1f} %")
     Console().print(table)
-    took, cpu = figures[default_ms]
-    took_500, cpu_500 = figures[KAFKA_DEFAULT_WAIT_MS]
+    now, before = figures[args.wait_ms], figures[KAFKA_DEFAULT_WAIT_MS]
     print(
-        f"RESULT latency_p50_ms={1000 * statistics.median(took):.1f} "
-        f"latency_p50_vs_500={statistics.median(took) / statistics.median(took_500):.3f} "
-        f"latency_max_ms={1000 * took[-1]:.1f} broker_idle_cpu_pct={cpu:.1f} "
-        f"broker_idle_cpu_pct_500={cpu_500:.1f}"
+        f"RESULT latency_p50_ms={now['p50']:.1f} "
+        f"latency_p50_vs_500={now['p50'] / before['p50']:.3f} "
+        f"latency_max_ms={now['max']:.1f} broker_idle_cpu_pct={now['cpu']:.1f} "
+        f"broker_idle_cpu_pct_500={before['cpu']:.1f}"
     )
 
 

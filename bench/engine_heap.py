@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 SERVE = r"""
-import asyncio, ctypes, json, subprocess, sys, time
+import asyncio, json, subprocess, sys, time
 from pathlib import Path
 import torch, uvicorn
 from safetensors.torch import load_file, save_file
@@ -38,15 +39,7 @@ from rlbus.bus.heap import release_free_heap
 from rlbus.consumers.inference import checkpoint_reader
 from rlbus.consumers.inference.service import build_app, build_backend
 from rlbus.consumers.model_size import read_header
-
-class Mallinfo2(ctypes.Structure):
-    names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
-    _fields_ = [(n, ctypes.c_size_t) for n in names.split()]
-
-def anon_mb():
-    for line in open("/proc/self/status"):
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) / 1024
+from heap_figures import heap_mb  # bench/, on PYTHONPATH
 
 def load_file_reader(path):  # the baseline: safetensors' own reader
     with open(path, "rb") as f:
@@ -56,8 +49,6 @@ async def main(variant, model, work, minutes, every_s, sample_s, concurrency):
     torch.set_num_threads(1)
     if variant == "load_file":
         checkpoint_reader.map_safetensors = load_file_reader
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = Mallinfo2
     engine = build_backend(model)
     app = build_app(engine, model)
     from transformers import AutoModelForCausalLM
@@ -83,11 +74,8 @@ async def main(variant, model, work, minutes, every_s, sample_s, concurrency):
                     next_version = now + every_s
                 if now >= next_sample:
                     release_free_heap()
-                    info = libc.mallinfo2()
-                    print("SAMPLE " + json.dumps({
-                        "minute": (now - start) / 60, "anon_mb": anon_mb(),
-                        "in_use_mb": info.uordblks / 2**20, "arena_mb": info.arena / 2**20,
-                        "versions": version}), flush=True)
+                    sample = {"minute": (now - start) / 60, **heap_mb(), "versions": version}
+                    print("SAMPLE " + json.dumps(sample), flush=True)
                     next_sample = now + sample_s
                 await asyncio.sleep(0.2)
             server.should_exit = True
@@ -147,13 +135,16 @@ def main() -> None:
     script.write_text(SERVE)
     console = Console()
     console.print(f"engine heap bench: {args.minutes:g} minutes a variant, both at once, in {root}")
+    # The served process imports bench/heap_figures.py, as orchestrator_heap.py does.
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    env = os.environ | {"PYTHONPATH": path}
     runs = {}
     for variant in VARIANTS:
         work = root / variant
         work.mkdir()
         argv = [sys.executable, str(script), variant, str(model), str(work), str(args.minutes)]
         argv += [str(args.version_every_s), str(args.sample_s), str(args.concurrency)]
-        runs[variant] = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        runs[variant] = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
     samples: dict[str, list[dict]] = {}
     for variant, process in runs.items():
         out, _ = process.communicate()
@@ -166,9 +157,9 @@ def main() -> None:
         table.add_column(column, justify="right")
     slopes = {}
     for variant, rows in samples.items():
-        slopes[variant] = slope_mb_per_h(rows, "anon_mb", args.warmup_minutes)
-        in_use = slope_mb_per_h(rows, "in_use_mb", args.warmup_minutes)
-        arena = slope_mb_per_h(rows, "arena_mb", args.warmup_minutes)
+        slopes[variant] = slope_mb_per_h(rows, "anon", args.warmup_minutes)
+        in_use = slope_mb_per_h(rows, "in_use", args.warmup_minutes)
+        arena = slope_mb_per_h(rows, "arena", args.warmup_minutes)
         table.add_row(
             variant,
             f"{slopes[variant]:+.1f}",

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import json
 import random
-import re
 import subprocess
 import sys
 import tempfile
@@ -35,6 +33,7 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # tests/support
+from heap_figures import heap_mb
 from support.factories import scored_group
 from support.isolated import isolated_settings
 
@@ -58,32 +57,6 @@ SAMPLE_EVERY = 25
 FROM_STEP = 100
 """Growth is counted from here: the first steps fill the process's pools."""
 console = Console()
-
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
-def memory_mb() -> dict[str, float]:
-    anon = re.search(r"RssAnon:\s+(\d+)", Path("/proc/self/status").read_text())
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = MallInfo2
-    info = libc.mallinfo2()
-    return {"anon": int(anon[1]) / 1024 if anon else 0.0, "arena": info.arena / 2**20}
 
 
 def group_events(run_id: str, task: TaskPublished, version: int, rng: random.Random) -> list[Event]:
@@ -149,7 +122,7 @@ async def one_run(steps: int, returned: bool) -> list[dict[str, float]]:
                         version[0] = d.event.step
                         await bus.publish_many(announce(d.event.step))
                         if d.event.step % SAMPLE_EVERY == 0:
-                            samples.append({"step": d.event.step, **memory_mb()})
+                            samples.append({"step": d.event.step, **heap_mb()})
                         if d.event.step >= steps:
                             stop.set()
 
