@@ -9,6 +9,9 @@ Per wait, on one embedded broker:
 1. latency: a subscriber of `weights` (as the inference role's) and a publisher; one
    `WeightVersion` at a time, after a random pause (50-600 ms: the subscriber idle, its fetch
    waiting at the broker): the time from the publish call to the handler's.
+   Then the broker alone: a bare aiokafka consumer at a 2,000 ms wait, the same way (12 records):
+   a broker that answers a waiting fetch only when its wait is over shows a median near half
+   the wait (Kafka answers as soon as records arrive).
 2. idle cost: `--idle-consumers` subscribers, each a group of its own, of every rlbus topic
    but `weights` (as the sink is), none published to, for `--idle-s` seconds: the broker's CPU
    share over that time.
@@ -31,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from rich.console import Console
 from rich.table import Table
 
@@ -44,6 +48,7 @@ from rlbus.config import KafkaConfig, Settings
 from rlbus.schemas import TOPICS, WeightVersion
 
 KAFKA_DEFAULT_WAIT_MS = 500
+BARE_WAIT_MS = 2000
 
 
 def with_wait(settings: Settings, wait_ms: int) -> Settings:
@@ -79,6 +84,31 @@ async def latencies(settings: Settings, trials: int) -> list[float]:
         stop.set()
         await consuming
     return took
+
+
+async def bare_latencies(bootstrap: str, wait_ms: int, trials: int) -> list[float]:
+    """Seconds from a bare produce to a bare consumer's getone, the consumer idle before each."""
+    topic = f"bare-{random.getrandbits(32):x}"
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=wait_ms
+    )
+    await producer.start()
+    await producer.send_and_wait(topic, b"warm-up")
+    await consumer.start()
+    try:
+        await consumer.getone()
+        took = []
+        for _ in range(trials):
+            await asyncio.sleep(random.uniform(0.05, 0.6))
+            sent = time.perf_counter()
+            await producer.send_and_wait(topic, b"x")
+            await consumer.getone()
+            took.append(time.perf_counter() - sent)
+        return took
+    finally:
+        await consumer.stop()
+        await producer.stop()
 
 
 async def idle_cpu(settings: Settings, broker_pid: int, consumers: int, idle_s: float) -> float:
@@ -134,11 +164,16 @@ def main() -> None:
                 "max": 1000 * took[-1],
                 "cpu": asyncio.run(idle),
             }
+        bare = asyncio.run(bare_latencies(broker.bootstrap_servers, BARE_WAIT_MS, 12))
     table = Table("kafka.fetch_max_wait_ms", "p50 ms", "p90 ms", "max ms", "broker CPU, idle")
     for wait_ms, f in figures.items():
         ms = [f"{f[key]:.1f}" for key in ("p50", "p90", "max")]
         table.add_row(str(wait_ms), *ms, f"{f['cpu']:.1f} %")
     Console().print(table)
+    print(
+        f"bare aiokafka consumer at a {BARE_WAIT_MS} ms wait: p50 "
+        f"{1000 * statistics.median(bare):.0f} ms, max {1000 * max(bare):.0f} ms"
+    )
     now, before = figures[args.wait_ms], figures[KAFKA_DEFAULT_WAIT_MS]
     print(
         f"RESULT latency_p50_ms={now['p50']:.1f} "
