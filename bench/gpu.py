@@ -1,22 +1,26 @@
 """rlbus's built-in engine and trainer on a CUDA GPU, and the FSDP2 trainer under nccl: the
 check a session runs when it is lent a GPU (the device tool; this machine has none).
 
-    python bench/gpu.py [--device cuda|cpu] [--sizes tiny,small,smollm2-shape]
-        [--dtypes float32,bfloat16] [--prompts 128] [--tokens 64]
+    python bench/gpu.py [--device cuda|cpu] [--sizes smollm2-shape,qwen0.5b-shape]
+        [--dtypes float32,bfloat16] [--prompts 256] [--prompt-tokens 128] [--tokens 256]
+        [--bandwidth-tbs TB/s]
 
-Engine: `--prompts` prompts x `--tokens` sampled tokens, all submitted at once, on the tiny and
-the small model and on SmolLM2-135M's shape (random weights, the byte tokenizer), fp32 and
-bf16: tokens/s with the SDPA backends the engine allows (consumers/inference/attention.py:
-every backend but cuDNN on CUDA), tokens/s of the same engine with torch's default backends
-(cuDNN allowed), tokens/s of one `model.generate` over the same prompts as one left-padded
-batch (bench/timed_generate.py) and engine_vs_hf (engine / generate), and the worst gap between
-the engine's per-token log-probs and a plain unbatched forward under torch's default backends.
-Each size and dtype ends with a `RESULT engine ...` line. Trainer: one step after a warm-up on
-the CPU, on the GPU, and as FSDP2 on one GPU under nccl (loss and grad norm against the
-single-process GPU trainer's). A part that fails prints its traceback and the others still run.
+Engine: `--prompts` prompts of `--prompt-tokens` tokens, each sampling `--tokens` more, all
+submitted at once, on SmolLM2-135M's shape and a Qwen2.5-0.5B-like shape (random weights, the
+byte tokenizer: nothing is downloaded), fp32 and bf16. It prints the engine's tokens/s as it
+decodes on CUDA (static cache, captured graphs: consumers/inference/slots.py and
+decode_graphs.py) with the capture's seconds, the same engine's dynamic decode (the padded batch
+a CPU uses), one `model.generate` over the same prompts as a left-padded batch
+(bench/timed_generate.py), `engine_vs_hf` (engine / generate), `engine_vs_roofline` (engine / the
+tokens/s the GPU's memory bandwidth allows when each step reads the weights and the batch's KV
+cache at the run's mean context) and the worst gap between the engine's log-probs and a plain
+unbatched forward. Each size and dtype ends with a `RESULT engine ...` line. Trainer: one step
+after a warm-up on the CPU, on the GPU, and as FSDP2 on one GPU under nccl (loss and grad norm
+against the single-process GPU trainer's). A part that fails prints its traceback and the others
+still run.
 
 Without CUDA (or with --device cpu) the engine part alone runs, on the CPU (default: tiny,
-fp32, 16 prompts x 16 tokens), where the engine keeps torch's choice of backends.
+fp32, 16 prompts x 16 tokens), decoding both ways without graphs.
 
 On a machine with no package registry, carry what its image lacks as wheels (the device
 README); `pip install --no-deps --no-build-isolation -e .` then installs rlbus.
@@ -33,24 +37,23 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from timed_generate import bare_generate, stock_model, synchronize
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen2Config
 
 from rlbus.bus import free_port
 from rlbus.clients.token_api import SamplingParams
 from rlbus.config.trainer import TrainerConfig
-from rlbus.consumers.inference import engine as engine_module
 from rlbus.consumers.inference.api import GenerateResult
 from rlbus.consumers.inference.attention import attention_backends
 from rlbus.consumers.inference.byte_tokenizer import build_byte_tokenizer
 from rlbus.consumers.inference.engine import Engine
 from rlbus.consumers.inference.model_init import init_model
+from rlbus.consumers.inference.slots import bytes_per_slot_position
 from rlbus.consumers.trainer.session import open_session
 from rlbus.consumers.trainer.step import StepResult
 from rlbus.schemas import TrainSample, masks
@@ -72,6 +75,21 @@ SMOLLM2_SHAPE: dict[str, Any] = dict(
     rms_norm_eps=1e-5,
     tie_word_embeddings=True,
 )
+# Qwen2.5-0.5B's architecture (a larger vocabulary, biased q/k/v projections).
+QWEN05_SHAPE: dict[str, Any] = dict(
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
+# Memory bandwidth by GPU name (TB/s, the vendors' figures), for the roofline.
+BANDWIDTH_TBS = {"H200": 4.8, "H100 SXM": 3.35, "H100 PCIe": 2.0, "H100": 3.35, "A100": 2.0}
 
 
 def batch() -> list[TrainSample]:
@@ -102,27 +120,39 @@ def part(name: str, run: Callable[[], Any]) -> Any:
         return None
 
 
-def smollm2_shape(path: str) -> int:
-    """SmolLM2-135M's shape with random weights and the byte tokenizer (its speed, not its
-    words: nothing is downloaded); returns #parameters."""
-    tok = build_byte_tokenizer()
-    config = LlamaConfig(
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=None,
-        **SMOLLM2_SHAPE,
-    )
+def random_model(path: str, config: PretrainedConfig) -> int:
+    """A model of `config`'s shape with random weights and the byte tokenizer (its speed, not
+    its words: nothing is downloaded); returns #parameters."""
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(path, safe_serialization=True)
-    tok.save_pretrained(path)
+    build_byte_tokenizer().save_pretrained(path)
     return sum(p.numel() for p in model.parameters())
 
 
 def make_model(path: str, size: str) -> int:
+    tok = build_byte_tokenizer()
+    ids = dict(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
     if size == "smollm2-shape":
-        return smollm2_shape(path)
+        return random_model(path, LlamaConfig(**ids, **SMOLLM2_SHAPE))
+    if size == "qwen0.5b-shape":
+        return random_model(path, Qwen2Config(**ids, **QWEN05_SHAPE))
     return init_model(path, size=size, seed=0)  # pyright: ignore[reportArgumentType]
+
+
+def bandwidth_tbs(device: str, given: float | None) -> float | None:
+    if given is not None or device != "cuda":
+        return given
+    name = torch.cuda.get_device_name(0)
+    return next((tbs for key, tbs in BANDWIDTH_TBS.items() if key in name), None)
+
+
+def roofline_tok_s(engine: Engine, batch: int, context: float, tbs: float) -> float:
+    """Tokens/s when every step reads the weights and `batch` rows of `context` positions of
+    KV cache at `tbs` TB/s, and nothing else takes time."""
+    weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    kv = batch * context * bytes_per_slot_position(engine.model)
+    return batch / ((weights + kv) / (tbs * 1e12))
 
 
 def backend_names(device: str) -> str:
@@ -163,41 +193,44 @@ def worst_gap(
 
 
 async def engine_run(
-    model: str, size: str, device: str, dtype: torch.dtype, n_prompts: int, tokens: int
+    model: str,
+    size: str,
+    device: str,
+    dtype: torch.dtype,
+    prompts: list[list[int]],
+    tokens: int,
+    tbs: float | None,
 ) -> None:
-    engine = Engine.from_pretrained(model, device=device, dtype=dtype)
-    tokenizer = engine.tokenizer
-    prompts = [
-        tokenizer.encode(f"question {i}: " + "why? " * (i % 7), add_special_tokens=False)
-        for i in range(n_prompts)
-    ]
-    implementation = engine.model.config._attn_implementation
+    engine = Engine.from_pretrained(model, device=device, dtype=dtype, decode="static")
+    capture_s = engine.capture_s
     rate, results = await timed_engine(engine, prompts, tokens, device)
     worst = worst_gap(engine.model, prompts, results, device)
+    context = sum(map(len, prompts)) / len(prompts) + tokens / 2
+    roofline = roofline_tok_s(engine, len(prompts), context, tbs) if tbs else float("nan")
     del engine
-    default_rate = rate
-    if attention_backends(device) is not None:
-        # The same engine with torch's default backends (cuDNN allowed), as before the choice.
-        with mock.patch.object(engine_module, "attention_backends", lambda device: None):
-            engine = Engine.from_pretrained(model, device=device, dtype=dtype)
-        default_rate, _ = await timed_engine(engine, prompts, tokens, device)
-        del engine
+    dynamic = Engine.from_pretrained(model, device=device, dtype=dtype, decode="dynamic")
+    dynamic_rate, _ = await timed_engine(dynamic, prompts, tokens, device)
+    del dynamic
     hf = stock_model(model, device, dtype)
+    tokenizer = build_byte_tokenizer()
     bare_generate(hf, tokenizer, prompts[:8], 4)  # warm-up
-    hf_rate = n_prompts * tokens / bare_generate(hf, tokenizer, prompts, tokens)
+    hf_rate = len(prompts) * tokens / bare_generate(hf, tokenizer, prompts, tokens)
     del hf
     name = str(dtype).removeprefix("torch.")
     print(
-        f"engine {size} {name} on {device} (attention {implementation}): {rate:,.0f} tokens/s "
-        f"with SDPA backends {backend_names(device)}, {default_rate:,.0f} with torch's default; "
-        f"HF generate {hf_rate:,.0f} tokens/s; engine_vs_hf {rate / hf_rate:.2f}; worst "
-        f"|log-prob - plain forward| over {min(CHECKED, n_prompts)} completions {worst:.2e}",
+        f"engine {size} {name} on {device}, {len(prompts)} prompts x {tokens} tokens: "
+        f"{rate:,.0f} tokens/s (graphs captured in {capture_s:.1f} s), {dynamic_rate:,.0f} "
+        f"decoding dynamically; HF generate {hf_rate:,.0f} tokens/s; engine_vs_hf "
+        f"{rate / hf_rate:.2f}; bandwidth limit {roofline:,.0f} tokens/s at {tbs} TB/s, "
+        f"engine_vs_roofline {rate / roofline:.3f}; worst |log-prob - plain forward| over "
+        f"{min(CHECKED, len(prompts))} completions {worst:.2e}",
         flush=True,
     )
     print(
         f"RESULT engine size={size} dtype={name} device={device} engine_tok_s={rate:.0f} "
-        f"engine_default_backends_tok_s={default_rate:.0f} hf_generate_tok_s={hf_rate:.0f} "
-        f"engine_vs_hf={rate / hf_rate:.3f} worst_logprob_gap={worst:.2e}",
+        f"capture_s={capture_s:.1f} dynamic_tok_s={dynamic_rate:.0f} "
+        f"hf_generate_tok_s={hf_rate:.0f} engine_vs_hf={rate / hf_rate:.3f} "
+        f"engine_vs_roofline={rate / roofline:.4f} worst_logprob_gap={worst:.2e}",
         flush=True,
     )
 
@@ -246,19 +279,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cuda = torch.cuda.is_available()
     parser.add_argument("--device", default="cuda" if cuda else "cpu", choices=["cuda", "cpu"])
-    parser.add_argument("--sizes", help="comma-separated: tiny, small, smollm2-shape")
+    sizes_help = "comma-separated: tiny, small, smollm2-shape, qwen0.5b-shape"
+    parser.add_argument("--sizes", help=sizes_help)
     parser.add_argument("--dtypes", help="comma-separated: float32, bfloat16")
     parser.add_argument("--prompts", type=int, help="prompts submitted at once")
+    parser.add_argument("--prompt-tokens", type=int, help="tokens per prompt")
     parser.add_argument("--tokens", type=int, help="sampled tokens per prompt")
+    parser.add_argument("--bandwidth-tbs", type=float, help="the GPU's memory bandwidth")
     args = parser.parse_args()
     on_gpu = args.device == "cuda"
-    sizes = (args.sizes or ("tiny,small,smollm2-shape" if on_gpu else "tiny")).split(",")
+    default_sizes = "smollm2-shape,qwen0.5b-shape" if on_gpu else "tiny"
+    sizes = (args.sizes or default_sizes).split(",")
     dtypes = (args.dtypes or ("float32,bfloat16" if on_gpu else "float32")).split(",")
-    n_prompts = args.prompts or (128 if on_gpu else 16)
-    tokens = args.tokens or (64 if on_gpu else 16)
+    n_prompts = args.prompts or (256 if on_gpu else 16)
+    prompt_tokens = args.prompt_tokens or (128 if on_gpu else 16)
+    tokens = args.tokens or (256 if on_gpu else 16)
+    tbs = bandwidth_tbs(args.device, args.bandwidth_tbs)
     gpu_name = torch.cuda.get_device_name(0) if on_gpu else "no GPU: the engine part alone"
-    print(torch.__version__, gpu_name, flush=True)
+    print(torch.__version__, gpu_name, f"bandwidth {tbs} TB/s", flush=True)
     print(f"SDPA backends the engine allows on {args.device}: {backend_names(args.device)}")
+    # Byte-tokenizer ids of unequal prompts, each `prompt_tokens` long.
+    prompts = [
+        list((f"question {i}: " + "why? " * (i % 7 + 1) * prompt_tokens).encode()[:prompt_tokens])
+        for i in range(n_prompts)
+    ]
     tmp = tempfile.mkdtemp()
     for size in sizes:
         model = f"{tmp}/{size}"
@@ -266,7 +310,7 @@ def main() -> None:
         for name in dtypes:
             dtype = getattr(torch, name)
             run = lambda m=model, s=size, d=dtype: asyncio.run(  # noqa: E731
-                engine_run(m, s, args.device, d, n_prompts, tokens)
+                engine_run(m, s, args.device, d, prompts, tokens, tbs)
             )
             part(f"engine {size} {name}", run)
     if not on_gpu:

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import Literal, Self
 
 import torch
 from transformers import (
@@ -64,6 +64,7 @@ from rlbus.consumers.inference.packed_linear import pack_linears
 from rlbus.consumers.inference.sampling import RowSettings, sample
 from rlbus.consumers.inference.served_adapters import ServedAdapters
 from rlbus.consumers.inference.sizing import MAX_PREFILL_TOKENS
+from rlbus.consumers.inference.slots import SlotBatch, default_length
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +164,8 @@ class _WeightSwap:
 
 _STOP = object()
 
+Decode = Literal["dynamic", "static"]
+
 
 @dataclass
 class _Counters:
@@ -187,7 +190,13 @@ class Engine:
         max_batch_size: int = 256,
         max_prefill_tokens: int = MAX_PREFILL_TOKENS,
         seed: int = 0,
+        decode: Decode = "dynamic",
+        cache_length: int | None = None,
     ) -> None:
+        """`decode`: "dynamic", running sequences in one padded batch whose cache grows as they
+        do (batch.py), or "static", in the slots of a cache allocated once, `cache_length`
+        positions each (default: the context, or what half the free memory holds), whose steps
+        on CUDA replay captured graphs (slots.py, decode_graphs.py)."""
         PaddedBatch.check_supported(model)
         self.model = model.eval()
         pack_linears(model)
@@ -220,9 +229,32 @@ class Engine:
         self._scores: list[_ScoreJob] = []
         self._swap: _WeightSwap | None = None
         self._rows: list[_Sequence] = []
-        self._batch: PaddedBatch | None = None
+        self._batch: PaddedBatch | SlotBatch | None = None
         self._next: torch.Tensor | None = None
         self._settings: RowSettings | None = None
+        self._slots: SlotBatch | None = None
+        self.capture_s = 0.0
+        """Seconds the decode steps' CUDA graphs took to capture (static decode on CUDA)."""
+        if decode == "static":
+            self._slots = self._static_batch(cache_length)
+            self._max_context = min(self._max_context, self._slots.length)
+
+    def _static_batch(self, length: int | None) -> SlotBatch:
+        implementation = self.model.config._attn_implementation
+        if implementation not in ("sdpa", "eager"):
+            raise ValueError(
+                f"static decode passes its own attention masks, which sdpa and eager attention "
+                f"take; this model's attention is {implementation!r} (use decode='dynamic')"
+            )
+        slots = self._max_batch_size
+        batch = SlotBatch(self.model, slots, length or default_length(self.model, slots))
+        log.info("static KV cache: %d slots x %d positions", slots, batch.length)
+        if self.model.device.type == "cuda":
+            from rlbus.consumers.inference.decode_graphs import DecodeGraphs
+
+            with torch.inference_mode(), allowed_attention_backends(self._attention_backends):
+                self.capture_s = DecodeGraphs(batch).capture()
+        return batch
 
     @classmethod
     def from_pretrained(
@@ -234,7 +266,10 @@ class Engine:
         policy_version: int = 0,
         max_batch_size: int = 256,
         seed: int = 0,
+        decode: Decode | Literal["auto"] = "auto",
+        cache_length: int | None = None,
     ) -> Engine:
+        """`decode` "auto": static (CUDA graphs) on CUDA, dynamic elsewhere (Engine)."""
         # sdpa named outright on CUDA (the backends chosen for it apply to sdpa alone); left to
         # transformers' default elsewhere.
         implementation = attention_implementation(device)
@@ -248,6 +283,10 @@ class Engine:
             policy_version=policy_version,
             max_batch_size=max_batch_size,
             seed=seed,
+            decode=("static" if model.device.type == "cuda" else "dynamic")
+            if decode == "auto"
+            else decode,
+            cache_length=cache_length,
         )
 
     @staticmethod
@@ -608,7 +647,8 @@ class Engine:
             tokens = tokens.index_select(0, index)
             take = [take[i] for i in keep]
         if self._batch is None:
-            self._set_rows(take, new_batch, tokens)
+            running = new_batch if self._slots is None else self._slots.restart(new_batch)
+            self._set_rows(take, running, tokens)
         else:
             assert self._next is not None
             self._batch.merge(new_batch)
@@ -679,7 +719,10 @@ class Engine:
         )
 
     def _set_rows(
-        self, rows: list[_Sequence], batch: PaddedBatch | None, tokens: torch.Tensor | None
+        self,
+        rows: list[_Sequence],
+        batch: PaddedBatch | SlotBatch | None,
+        tokens: torch.Tensor | None,
     ) -> None:
         self._rows, self._batch, self._next = rows, batch, tokens
         self._settings = None

@@ -32,9 +32,16 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-async def engine(model_dir: Path):
-    async with Engine.from_pretrained(model_dir) as e:
+async def engine(model_dir: Path, request: pytest.FixtureRequest):
+    """The CPU's default (dynamic decode), or as `indirect` parametrization names: "static"
+    decodes in a static cache's slots, as on CUDA (there through captured graphs)."""
+    decode = getattr(request, "param", "dynamic")
+    length = 512 if decode == "static" else None
+    async with Engine.from_pretrained(model_dir, decode=decode, cache_length=length) as e:
         yield e
+
+
+both_decodes = pytest.mark.parametrize("engine", ["dynamic", "static"], indirect=True)
 
 
 def prompts(engine: Engine, n: int) -> list[list[int]]:
@@ -68,6 +75,7 @@ def perturbed_checkpoint(
     return state
 
 
+@both_decodes
 async def test_logprobs_match_a_separate_forward_pass(engine: Engine) -> None:
     batch = prompts(engine, 12)
     params = [
@@ -107,6 +115,7 @@ async def test_64_concurrent_requests_are_batched(engine: Engine) -> None:
     assert stats.mean_batch_size > 1, stats
 
 
+@both_decodes
 async def test_seeded_requests_repeat_whatever_the_batch(engine: Engine) -> None:
     prompt = prompts(engine, 1)[0]
     alone = await engine.generate(prompt, SamplingParams(max_tokens=12, seed=11))
@@ -172,6 +181,7 @@ async def test_streaming_yields_deltas_then_the_result(engine: Engine) -> None:
     assert all(len(d.top_logprobs[0]) == 3 for d in deltas)
 
 
+@both_decodes
 async def test_weight_reload_changes_outputs_and_keeps_in_flight_requests(
     engine: Engine, tmp_path: Path
 ) -> None:
