@@ -13,7 +13,7 @@ from starlette.types import ASGIApp
 from rlbus.bus.role import RoleSummary
 from rlbus.bus.waiting import unless_stopped
 from rlbus.config import Settings
-from rlbus.config.runs import VLLMConfig
+from rlbus.config.runs import HFEngineConfig, VLLMConfig
 from rlbus.consumers.inference.api import BackendKind, InferenceBackend
 from rlbus.consumers.inference.serving import (
     advertised_url,
@@ -29,8 +29,8 @@ class InferenceRole:
     """Builds the engine for `model_path` and serves it on host:port, following the weights of
     `settings.run_id` (publishing WeightLoaded, with `url`) until `stop`. `threads` sets torch's
     intra-op threads: 1 suits tiny models on a shared small machine, where a second thread
-    mostly waits for a core another process holds. `vllm`: the vLLM backend's engine
-    settings."""
+    mostly waits for a core another process holds. `hf`, `vllm`: the built-in engine's and the
+    vLLM backend's settings."""
 
     name = "inference"
     reads = ("weights",)
@@ -49,6 +49,7 @@ class InferenceRole:
         worker_id: str | None = None,
         url: str | None = None,
         vllm: VLLMConfig | None = None,
+        hf: HFEngineConfig | None = None,
         frozen: bool = False,
         adapters: dict[str, str] | None = None,
     ):
@@ -59,7 +60,7 @@ class InferenceRole:
         self.device, self.threads = device, threads
         self.worker_id = worker_id or default_worker_id(port)
         self.url = url or advertised_url(host, port)
-        self.vllm = vllm
+        self.vllm, self.hf = vllm, hf
         self.frozen = frozen
         self.adapters = adapters or {}
         """LoRA adapters it also scores with, {name: weights file URI} (served_adapters.py)."""
@@ -97,7 +98,12 @@ class InferenceRole:
             path, backend = self.model_path, self.backend
             with LOADING:
                 engine = service.build_backend(
-                    path, backend, device=self.device, vllm=self.vllm, adapters=self.adapters
+                    path,
+                    backend,
+                    device=self.device,
+                    vllm=self.vllm,
+                    hf=self.hf,
+                    adapters=self.adapters,
                 )
             return engine, service.build_app(engine, path)
 

@@ -8,7 +8,7 @@ import torch
 from starlette.types import ASGIApp
 
 from rlbus.clients.renderer import make_renderer
-from rlbus.config.runs import VLLMConfig
+from rlbus.config.runs import HFEngineConfig, VLLMConfig
 from rlbus.consumers.inference.api import BackendKind, InferenceBackend
 from rlbus.consumers.inference.server import create_inference_app
 from rlbus.consumers.inference.sizing import engine_dtype
@@ -22,17 +22,25 @@ def build_backend(
     policy_version: int = 0,
     seed: int = 0,
     vllm: VLLMConfig | None = None,
+    hf: HFEngineConfig | None = None,
     adapters: dict[str, str] | None = None,
 ) -> InferenceBackend:
-    """The engine for `model_path`: the built-in one (fp32 on a CPU, bf16 on a GPU), also
-    scoring with `adapters` ({name: LoRA weights URI}), or vLLM with its engine settings
-    `vllm`."""
+    """The engine for `model_path`: the built-in one (fp32 on a CPU, bf16 on a GPU) with its
+    settings `hf`, also scoring with `adapters` ({name: LoRA weights URI}), or vLLM with its
+    engine settings `vllm`."""
     if backend == "hf":
         from rlbus.consumers.inference.engine import Engine
 
+        hf = hf or HFEngineConfig()
         dtype = getattr(torch, engine_dtype(device))
         engine = Engine.from_pretrained(
-            model_path, device=device, dtype=dtype, policy_version=policy_version, seed=seed
+            model_path,
+            device=device,
+            dtype=dtype,
+            policy_version=policy_version,
+            seed=seed,
+            decode=hf.decode,
+            cache_length=hf.cache_length or None,
         )
         for name, uri in (adapters or {}).items():
             engine.add_adapter(name, uri)

@@ -129,8 +129,9 @@ def inference(
     backend: Annotated[
         BackendKind,
         typer.Option(
-            help="hf: the built-in engine; vllm: in the environment `rlbus engine install vllm` "
-            "makes (its settings: --inference.vllm.dtype, .kv-cache-gib, .max-model-len, .eager, "
+            help="hf: the built-in engine (its settings: --inference.hf.decode, .cache-length); "
+            "vllm: in the environment `rlbus engine install vllm` makes (its settings: "
+            "--inference.vllm.dtype, .kv-cache-gib, .max-model-len, .eager, "
             ".tensor-parallel-size)."
         ),
     ] = "hf",
@@ -189,6 +190,7 @@ def inference(
                 threads=threads,
                 url=url,
                 vllm=vllm,
+                hf=settings.inference.hf,
                 frozen=frozen,
                 adapters=adapters,
             )

@@ -39,6 +39,19 @@ class VLLMConfig(Section):
     """GPUs one server shards the model over."""
 
 
+class HFEngineConfig(Section):
+    """Settings of the built-in engine (`inference.backend = "hf"`)."""
+
+    decode: Literal["auto", "dynamic", "static"] = "auto"
+    """How running sequences decode: dynamic, in one padded batch whose KV cache grows with
+    them; static, in the slots of a KV cache allocated once, each step replaying a CUDA graph
+    captured at start on a GPU; auto: static on a GPU, dynamic on a CPU (where a step costs its
+    arithmetic, not its kernel launches)."""
+    cache_length: int = Field(default=0, ge=0)
+    """Positions per slot of the static cache, which bounds prompt + completion; 0: the model's
+    context, or as many as half the device's free memory holds for 256 slots."""
+
+
 class InferenceConfig(Section):
     url: str = ""
     """/v1 URL of a running inference server that follows this run's weights; empty (and no
@@ -71,6 +84,7 @@ class InferenceConfig(Section):
     environment (vLLM's transformers is older than the trainer's); empty: for backend vllm the
     environment `rlbus engine install vllm` made, else this one."""
     vllm: VLLMConfig = VLLMConfig()
+    hf: HFEngineConfig = HFEngineConfig()
 
     def given(self) -> list[str]:
         """The running servers configured (url first); empty: `rlbus run` starts its own."""

@@ -137,7 +137,7 @@ def thread_env(threads: int) -> dict[str, str]:
 def engine_overrides(inference: InferenceConfig) -> list[str]:
     """The [inference] table's engine settings that differ from their defaults, as
     `rlbus worker inference` overrides (--inference.vllm.dtype float32 ...)."""
-    table = inference.model_dump(include={"python", "vllm"}, exclude_defaults=True)
+    table = inference.model_dump(include={"python", "vllm", "hf"}, exclude_defaults=True)
     args: list[str] = []
 
     def flatten(prefix: str, value: object) -> None:

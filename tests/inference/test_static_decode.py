@@ -13,11 +13,16 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from rlbus.config.base import ConfigError
+from rlbus.config.loading import load_settings
+from rlbus.config.runs import HFEngineConfig, InferenceConfig, InferenceSettings
 from rlbus.consumers.inference.api import ContextLengthError, SamplingParams
 from rlbus.consumers.inference.batch import PaddedBatch
 from rlbus.consumers.inference.engine import Engine
 from rlbus.consumers.inference.model_init import init_model
+from rlbus.consumers.inference.service import build_backend
 from rlbus.consumers.inference.slots import SlotBatch, buckets, round_up
+from rlbus.launch.supervisor import engine_overrides
 
 # Ops that copy a device value to the host: a CUDA graph cannot capture them.
 HOST_READS = {
@@ -159,3 +164,16 @@ async def test_more_requests_than_slots_queue_and_reuse_slots(model_dir: Path) -
         assert static.completion_ids == dynamic.completion_ids
         gaps = [abs(a - b) for a, b in zip(static.logprobs, dynamic.logprobs, strict=True)]
         assert max(gaps) < 1e-4
+
+
+def test_the_hf_table_reaches_the_engine(model_dir: Path) -> None:
+    """`[inference.hf]` in a run's TOML becomes the worker's overrides (rlbus run starts the
+    worker with them), and those build the engine they describe; a bad value names its field."""
+    run_table = InferenceConfig(hf=HFEngineConfig(decode="static", cache_length=64))
+    overrides = engine_overrides(run_table)
+    worker = load_settings(overrides=overrides, model=InferenceSettings).inference.hf
+    assert worker == run_table.hf
+    engine = build_backend(model_dir, "hf", hf=worker)
+    assert isinstance(engine, Engine) and engine.max_context == 64
+    with pytest.raises(ConfigError, match="inference.hf.decode"):
+        load_settings(overrides=["--inference.hf.decode", "graphs"], model=InferenceSettings)
