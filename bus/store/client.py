@@ -34,7 +34,13 @@ from rlbus.bus.store.arrow import arrow_to_events, events_to_arrow
 from rlbus.bus.store.columns import columns_of
 from rlbus.bus.store.endpoint import StoreEndpoint
 from rlbus.bus.store.guard import Guard, Refused, check_settings
-from rlbus.bus.store.holder import ENDPOINT_FILE, AnnouncedEndpoint, holder_pid, read_endpoint
+from rlbus.bus.store.holder import (
+    ENDPOINT_FILE,
+    HOLDER_READ_SETTINGS,
+    AnnouncedEndpoint,
+    holder_pid,
+    read_endpoint,
+)
 from rlbus.bus.store.migrate import migrate
 from rlbus.bus.store.sqltext import quote, read_only_problem, trailing_format
 from rlbus.config.secret import SecretUrl
@@ -100,7 +106,7 @@ class Store:
                 client = clickhouse_connect.get_client(
                     interface="chdb",
                     path=str(self.data_dir),
-                    settings={"readonly": 2} if self.read_only else None,
+                    settings=HOLDER_READ_SETTINGS | ({"readonly": 2} if self.read_only else {}),
                 )
             else:
                 client = clickhouse_connect.get_client(**self.client_options())

@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from rlbus.bus.server_thread import ServerThread
 from rlbus.bus.store.guard import Guard, Refused, check_settings, check_threads
-from rlbus.bus.store.holder import withdraw_endpoint, write_endpoint
+from rlbus.bus.store.holder import HOLDER_READ_SETTINGS, withdraw_endpoint, write_endpoint
 from rlbus.bus.store.sqltext import SqlTextError, quote, read_only_problem, trailing_format
 
 # ClickHouse error codes the endpoint answers with.
@@ -276,7 +276,8 @@ class _Queries:
         """Set up the request's session (readonly=2: settings may change, readonly may not)
         and return its statement, once the engine's parse of it passed the guard."""
         # One SET for all: readonly first, each a round trip into the engine otherwise.
-        assignments = [f"{quote(name)} = '{_escape(value)}'" for name, value in settings.items()]
+        chosen = {name: str(value) for name, value in HOLDER_READ_SETTINGS.items()} | settings
+        assignments = [f"{quote(name)} = '{_escape(value)}'" for name, value in chosen.items()]
         connection.query(f"SET {', '.join(['readonly = 2', *assignments])}")
         if database:
             connection.query(f"USE {quote(database)}")

@@ -13,6 +13,13 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
+HOLDER_READ_SETTINGS = {"use_query_condition_cache": 0}
+"""Settings of every read made in the process that holds a chdb store (its own and its
+endpoint's). chdb's query condition cache keeps an entry per part for each filter it evaluates,
+constants included, and counts it at a third of its size against a 100 MiB limit: reads whose
+constants change grew a long-lived holder's engine by ~1 KB each, towards ~300 MB, before it
+evicted anything (tests/store/test_store_schema.py)."""
+
 ENDPOINT_FILE = ".rlbus-endpoint"
 """Written into the data directory by the holder's endpoint, readable by its owner only: the
 URL it serves on, the PID that serves it and the token it requires."""

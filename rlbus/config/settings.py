@@ -16,7 +16,12 @@ from rlbus.config.secret import Secret, SecretUrl
 DATA_DIR = "rlbus-data"
 """The local state directory of the embedded defaults, relative to the working directory."""
 DEFAULT_STORE_URL = f"chdb://./{DATA_DIR}"
-DEFAULT_DEDUP_WINDOW = 10_000
+DEFAULT_DEDUP_WINDOW = 1_000
+"""Blocks a table remembers for insert dedup. What a sink sends again after a crash or a
+takeover is the few blocks since its last commit; older copies (a replayed topic) collapse in
+ReplacingMergeTree all the same. Each remembered block holds ~250 B of the engine's memory, so
+10,000 grew a sink's engine by ~9 MB/h for hours until every table's log was full
+(docs/benchmarks.md, "Where the sink's engine memory went")."""
 
 
 class KafkaConfig(Section):
@@ -131,7 +136,8 @@ class StoreConfig(Section):
     """Address of that read-only endpoint (it requires the token in its endpoint file, which
     only its owner can read; another address exposes it beyond this machine's users)."""
     dedup_window: int = Field(default=DEFAULT_DEDUP_WINDOW, ge=0)
-    """Inserted blocks remembered per table for insert_deduplication_token."""
+    """Inserted blocks remembered per table for insert_deduplication_token (DEFAULT_DEDUP_WINDOW
+    says why 1,000)."""
     conflict_check_s: float = Field(default=5.0, gt=0)
     """The sink looks this often for ids newly stored with a second, different content (the
     `conflicts` view) and logs each once."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,6 +112,31 @@ def test_the_conflict_check_reads_only_parts_stored_since_its_last_look(store: S
     assert next(line for line in skip if line.startswith("Parts:")) == "Parts: 1/2", plan
     recent = store.query(RECENT_IDS.format(table="scored"), {"since": since}).rows
     assert len(recent) == 20000
+
+
+def test_reads_of_a_held_chdb_store_fill_no_query_condition_cache(store: Store) -> None:
+    """chdb's query condition cache keeps an entry per part for every filter it evaluates, with
+    its constants, counted at a third of its size against a 100 MiB limit: a process that holds
+    a store and answers reads whose constants change (a dashboard's bounds, a user's ids) grew
+    ~1 KB a read for hours. The reads of the process that holds a chdb store, its own and its
+    endpoint's, go without the cache (docs/benchmarks.md, "Where the sink's engine memory
+    went")."""
+    for part in range(2):
+        store.query(
+            "INSERT INTO scored (event_id, rollout_id) SELECT toString(number), "
+            f"toString(number) FROM numbers({part * 2000}, 2000)"
+        )
+    for bound in range(10):
+        store.query(f"SELECT count() FROM scored WHERE scorer_version = 'v{bound}'")
+    endpoint = store.serve()
+    sql = "SELECT count() FROM scored WHERE scorer_version != 'v77'"
+    request = urllib.request.Request(
+        f"{endpoint.url}/?query={urllib.parse.quote(sql)}",
+        headers={"X-ClickHouse-Key": endpoint.token},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert int(response.read()) == 4000
+    assert store.query("SELECT count() FROM system.query_condition_cache").rows == [(0,)]
 
 
 def test_the_dedup_window_follows_the_config(tmp_path: Path) -> None:
