@@ -247,7 +247,8 @@ class Engine:
                 f"take; this model's attention is {implementation!r} (use decode='dynamic')"
             )
         slots = self._max_batch_size
-        batch = SlotBatch(self.model, slots, length or default_length(self.model, slots))
+        length = min(length or default_length(self.model, slots), self._max_context)
+        batch = SlotBatch(self.model, slots, length)
         log.info("static KV cache: %d slots x %d positions", slots, batch.length)
         if self.model.device.type == "cuda":
             from rlbus.consumers.inference.decode_graphs import DecodeGraphs

@@ -129,7 +129,8 @@ def default_length(model: PreTrainedModel, slots: int) -> int:
         raise ValueError(
             f"a static KV cache of {slots} slots holds {length} positions in {KV_SHARE:.0%} of "
             f"the {gb(free or 0)} free on {model.device} ({gb(per_position)} a position); "
-            "serve fewer sequences at once (max_batch_size) or set the cache length"
+            "set inference.hf.cache_length (positions per slot) or inference.hf.decode = "
+            '"dynamic"'
         )
     return length // 16 * 16
 
