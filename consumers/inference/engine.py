@@ -254,7 +254,14 @@ class Engine:
             from rlbus.consumers.inference.decode_graphs import DecodeGraphs
 
             with torch.inference_mode(), allowed_attention_backends(self._attention_backends):
-                self.capture_s = DecodeGraphs(batch).capture()
+                try:
+                    self.capture_s = DecodeGraphs(batch).capture()
+                except RuntimeError as exc:
+                    raise RuntimeError(
+                        f"capturing the decode step as CUDA graphs failed: {exc}; serve without "
+                        'them with inference.hf.decode = "dynamic" (rlbus worker inference '
+                        "--inference.hf.decode dynamic)"
+                    ) from exc
         return batch
 
     @classmethod
