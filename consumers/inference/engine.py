@@ -64,7 +64,7 @@ from rlbus.consumers.inference.packed_linear import pack_linears
 from rlbus.consumers.inference.sampling import RowSettings, sample
 from rlbus.consumers.inference.served_adapters import ServedAdapters
 from rlbus.consumers.inference.sizing import MAX_PREFILL_TOKENS
-from rlbus.consumers.inference.slots import SlotBatch, default_length
+from rlbus.consumers.inference.slots import SlotBatch
 
 log = logging.getLogger(__name__)
 
@@ -246,10 +246,8 @@ class Engine:
                 f"static decode passes its own attention masks, which sdpa and eager attention "
                 f"take; this model's attention is {implementation!r} (use decode='dynamic')"
             )
-        slots = self._max_batch_size
-        length = min(length or default_length(self.model, slots), self._max_context)
-        batch = SlotBatch(self.model, slots, length)
-        log.info("static KV cache: %d slots x %d positions", slots, batch.length)
+        batch = SlotBatch(self.model, self._max_batch_size, length)
+        log.info("static KV cache: %d slots x %d positions", batch.slots, batch.length)
         if self.model.device.type == "cuda":
             from rlbus.consumers.inference.decode_graphs import DecodeGraphs
 

@@ -113,16 +113,20 @@ def _probe_layers(model: PreTrainedModel) -> list[torch.Tensor]:
     return [layer.cached()[0] for layer in cast(list[GrowingLayer], prefilled.cache.layers)]
 
 
+def _position_bytes(probes: list[torch.Tensor]) -> int:
+    return sum(2 * k[0, :, 0].numel() * k.element_size() for k in probes)
+
+
 def bytes_per_slot_position(model: PreTrainedModel) -> int:
     """KV cache bytes one position of one slot takes, over every layer."""
-    return sum(2 * k[0, :, 0].numel() * k.element_size() for k in _probe_layers(model))
+    return _position_bytes(_probe_layers(model))
 
 
-def default_length(model: PreTrainedModel, slots: int) -> int:
+def _default_length(model: PreTrainedModel, slots: int, slot_position_bytes: int) -> int:
     """Positions per slot: the model's context, or as many as KV_SHARE of the memory free on
     its device holds for `slots` slots (a multiple of 16)."""
     context = int(model.config.get_text_config().max_position_embeddings)
-    per_position = bytes_per_slot_position(model) * slots
+    per_position = slot_position_bytes * slots
     free = available_bytes(str(model.device))
     length = context if free is None else min(context, int(free * KV_SHARE) // per_position)
     if length < MIN_LENGTH_BUCKET:
@@ -144,11 +148,15 @@ class SlotBatch:
     over slots. `run` executes a step of a given bucket (eagerly, or by replaying a capture:
     decode_graphs.py); the step itself is `step`."""
 
-    def __init__(self, model: PreTrainedModel, slots: int, length: int) -> None:
+    def __init__(self, model: PreTrainedModel, slots: int, length: int | None = None) -> None:
+        """`length`: positions per slot (default: _default_length), at most the context."""
+        probes = _probe_layers(model)
+        context = int(model.config.get_text_config().max_position_embeddings)
+        length = min(length or _default_length(model, slots, _position_bytes(probes)), context)
         self.model = model
         self.slots, self.length = slots, length
         layers = []
-        for probe in _probe_layers(model):
+        for probe in probes:
             shape = (slots, probe.shape[1], length, probe.shape[3])
             layers.append(
                 SlotLayer(
