@@ -381,9 +381,13 @@ async def test_weight_reload_over_http_keeps_a_streaming_request(
         messages=[{"role": "user", "content": "go"}],
         max_tokens=400,
         stream=True,
+        logprobs=True,
         extra_body={"ignore_eos": True},
     )
+    # The opening chunk goes out before any token: reload only once a token came at version 0.
     chunks = [await anext(stream)]
+    while not chunks[-1].choices[0].logprobs:
+        chunks.append(await anext(stream))
     loaded = await http.post(
         "/v1/weights", json={"uri": str(tmp_path / "v1.safetensors"), "version": 1}
     )
