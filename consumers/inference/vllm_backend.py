@@ -64,6 +64,13 @@ CPU_MAX_MODEL_LEN = 4096
 """The longest context a CPU server takes by default: its KV cache is sized for it."""
 CPU_KV_CACHE_MAX_GIB = 8
 """The most KV-cache memory a CPU server takes by default."""
+CPU_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**32 - 1), "MALLOC_TRIM_THRESHOLD_": str(2**36)}
+"""glibc's allocator in vLLM's CPU processes: every allocation from the heap, and freed heap
+kept. A weight update frees each layer's packed weights and allocates the new ones; by default
+the large ones are fresh mappings, every page faulted in again, which made half of vLLM's
+reload (SmolLM2: 1.0 s, 0.65 s with these; the worker holds ~400 MB more, flat over versions:
+docs/benchmarks.md). vLLM's CPU docs preload tcmalloc for the same reason; a user's own
+MALLOC_* values are kept."""
 ENGINE_DEAD_EXIT = 75
 """The inference role's exit code when vLLM's engine process died under it: the role ends (its
 launcher reports it by name and may start it again) rather than answer every request 500."""
@@ -247,6 +254,7 @@ def engine_settings(
     if cpu:
         gib = cfg.kv_cache_gib or min(CPU_KV_CACHE_MAX_GIB, max(1, available_bytes // 4 >> 30))
         env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
+        env |= CPU_ALLOCATOR_ENV
     else:
         kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
     return kwargs, env
@@ -348,7 +356,9 @@ class VLLMBackend:
             self._settings, self._device, model_len_of(self._path), available_memory()
         )
         # Before vLLM is imported: its settings read them, and its engine process inherits them.
-        os.environ.update(env)
+        os.environ.update(
+            {k: v for k, v in env.items() if k not in CPU_ALLOCATOR_ENV or k not in os.environ}
+        )
         from transformers import AutoTokenizer
         from vllm import AsyncEngineArgs  # pyright: ignore[reportMissingImports]  # its own venv
         from vllm.v1.engine.async_llm import AsyncLLM  # pyright: ignore[reportMissingImports]  # its own venv

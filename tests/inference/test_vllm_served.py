@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 from rlbus.bus import Bus, free_port
 from rlbus.bus.waiting import wait_until
 from rlbus.config import Settings
-from rlbus.consumers.inference.vllm_backend import ENGINE_DEAD_EXIT
+from rlbus.consumers.inference.vllm_backend import CPU_ALLOCATOR_ENV, ENGINE_DEAD_EXIT
 from rlbus.launch.engines import engine_dir, read_engine_record
 from rlbus.launch.processes import RoleProcess
 from rlbus.schemas import WeightVersion
@@ -169,5 +169,8 @@ async def test_a_killed_role_takes_vllms_engine_processes_with_it(
     by bench/faults.py --backend vllm): its launcher's kill takes the whole tree."""
     server, _ = await start_vllm(settings, smollm2_dir, tmp_path / "logs")
     engine = engine_core_of(server.proc.pid)
+    # The allocator settings that halve a weight update's page faults reach vLLM's processes.
+    environ = Path(f"/proc/{engine}/environ").read_bytes().decode().split("\0")
+    assert {f"{k}={v}" for k, v in CPU_ALLOCATOR_ENV.items()} <= set(environ)
     server.kill()
     await wait_until(lambda: not Path(f"/proc/{engine}").exists(), 30, "the engine process to go")
