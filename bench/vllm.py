@@ -141,7 +141,7 @@ async def update_s(
             started = time.perf_counter()
             await bus.publish(WeightVersion(version=version, step=version, uri=uri))
             while (await generate(client, url, prompt, 1))["policy_version"] != version:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.01)
             seconds.append(time.perf_counter() - started)
     return seconds
 
