@@ -27,7 +27,8 @@ from rlbus.launch.engines import engine_dir, read_engine_record
 from rlbus.launch.processes import RoleProcess
 from rlbus.schemas import WeightVersion
 
-pytestmark = pytest.mark.slow
+# vLLM's start alone may take minutes on a loaded CPU (start_vllm waits up to 900 s).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 PROMPT = [1, 9690, 314, 253, 1761, 2767, 28, 33, 1345, 30, 198]
 TOLERANCE = 1e-4

@@ -21,6 +21,7 @@ from rlbus.consumers.inference.model_init import init_model
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # four `rlbus run`s, each allowed 120 s
 def test_rlbus_run_stops_at_max_steps_and_resumes(tmp_path: Path) -> None:
     model = tmp_path / "tiny"
     init_model(model, seed=0)
