@@ -49,7 +49,11 @@ from support.isolated import isolated_settings
 from rlbus.bus import Bus, EmbeddedBroker, free_port
 from rlbus.config import Settings
 from rlbus.config.runs import VLLMConfig
-from rlbus.consumers.inference.vllm_backend import available_memory, engine_settings
+from rlbus.consumers.inference.vllm_backend import (
+    available_memory,
+    engine_environ,
+    engine_settings,
+)
 from rlbus.launch.engines import engine_python
 from rlbus.launch.processes import RoleProcess
 from rlbus.schemas import WeightVersion
@@ -83,7 +87,9 @@ def offline(model: Path, batch: list[list[int]], max_tokens: int) -> float:
     argv = [engine_python(), str(script), str(model), json.dumps(batch), str(max_tokens)]
     # The KV cache the served engine gets: vLLM's own CPU default takes 92 % of the machine's
     # memory, and its worker was killed for it on an idle 24 GB machine.
-    env = os.environ | engine_settings(VLLMConfig(), "cpu", MAX_MODEL_LEN, available_memory())[1]
+    env = engine_environ(
+        engine_settings(VLLMConfig(), "cpu", MAX_MODEL_LEN, available_memory())[1], os.environ
+    )
     done = subprocess.run([*argv, str(MAX_MODEL_LEN)], stdout=subprocess.PIPE, text=True, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("PART ")]
     if done.returncode != 0 or not lines:
@@ -130,7 +136,7 @@ def serve(
         time.sleep(0.5)
 
 
-async def update_s(
+async def update_seconds(
     settings: Settings, url: str, uri: str, prompt: list[int], versions: int
 ) -> list[float]:
     """Publish versions 1..`versions`, each at `uri` (the same file: the engine's work is a
@@ -180,7 +186,7 @@ def main() -> None:
         try:
             vllm_rate = asyncio.run(served_rate(url, batch, args.max_tokens))
             updates = asyncio.run(
-                update_s(settings, url, train["weights_uri"], batch[0], args.versions)
+                update_seconds(settings, url, train["weights_uri"], batch[0], args.versions)
             )
         finally:
             server.stop()

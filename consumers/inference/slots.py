@@ -122,17 +122,18 @@ def bytes_per_slot_position(model: PreTrainedModel) -> int:
     return _position_bytes(_probe_layers(model))
 
 
-def _default_length(model: PreTrainedModel, slots: int, slot_position_bytes: int) -> int:
-    """Positions per slot: the model's context, or as many as KV_SHARE of the memory free on
-    its device holds for `slots` slots (a multiple of 16)."""
-    context = int(model.config.get_text_config().max_position_embeddings)
+def _default_length(
+    device: torch.device, context: int, slots: int, slot_position_bytes: int
+) -> int:
+    """Positions per slot: the model's `context`, or as many as KV_SHARE of the memory free on
+    `device` holds for `slots` slots (a multiple of 16)."""
     per_position = slot_position_bytes * slots
-    free = available_bytes(str(model.device))
+    free = available_bytes(str(device))
     length = context if free is None else min(context, int(free * KV_SHARE) // per_position)
     if length < MIN_LENGTH_BUCKET:
         raise ValueError(
             f"a static KV cache of {slots} slots holds {length} positions in {KV_SHARE:.0%} of "
-            f"the {gb(free or 0)} free on {model.device} ({gb(per_position)} a position); "
+            f"the {gb(free or 0)} free on {device} ({gb(per_position)} a position); "
             "set inference.hf.cache_length (positions per slot) or inference.hf.decode = "
             '"dynamic"'
         )
@@ -152,7 +153,9 @@ class SlotBatch:
         """`length`: positions per slot (default: _default_length), at most the context."""
         probes = _probe_layers(model)
         context = int(model.config.get_text_config().max_position_embeddings)
-        length = min(length or _default_length(model, slots, _position_bytes(probes)), context)
+        if not length:
+            length = _default_length(model.device, context, slots, _position_bytes(probes))
+        length = min(length, context)
         self.model = model
         self.slots, self.length = slots, length
         layers = []

@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +67,10 @@ CPU_KV_CACHE_MAX_GIB = 8
 CPU_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**32 - 1), "MALLOC_TRIM_THRESHOLD_": str(2**36)}
 """glibc's allocator in vLLM's CPU processes: every allocation from the heap, and freed heap
 kept. A weight update frees each layer's packed weights and allocates the new ones; by default
-the large ones are fresh mappings, every page faulted in again, which made half of vLLM's
-reload (SmolLM2: 1.0 s, 0.65 s with these; the worker holds ~400 MB more, flat over versions:
-docs/benchmarks.md). vLLM's CPU docs preload tcmalloc for the same reason; a user's own
-MALLOC_* values are kept."""
+the large ones are fresh mappings, every page faulted in again (SmolLM2's reload, median over
+versions: 0.92 s, 0.68 s with these; the worker holds ~400 MB more, flat over versions:
+docs/benchmarks.md). vLLM's CPU docs preload tcmalloc for the same reason. A user's own
+MALLOC_* values are kept (`engine_environ`)."""
 ENGINE_DEAD_EXIT = 75
 """The inference role's exit code when vLLM's engine process died under it: the role ends (its
 launcher reports it by name and may start it again) rather than answer every request 500."""
@@ -260,6 +260,15 @@ def engine_settings(
     return kwargs, env
 
 
+def engine_environ(env: dict[str, str], current: Mapping[str, str]) -> dict[str, str]:
+    """The environment vLLM's processes get: `current` with `env` (engine_settings') over it,
+    but for allocator settings `current` already holds (the user's own)."""
+    return {
+        **current,
+        **{k: v for k, v in env.items() if k not in CPU_ALLOCATOR_ENV or k not in current},
+    }
+
+
 def model_len_of(model_path: str) -> int:
     """The context the model was trained for (its config's max_position_embeddings)."""
     config = json.loads((Path(model_path) / "config.json").read_text())
@@ -356,9 +365,7 @@ class VLLMBackend:
             self._settings, self._device, model_len_of(self._path), available_memory()
         )
         # Before vLLM is imported: its settings read them, and its engine process inherits them.
-        os.environ.update(
-            {k: v for k, v in env.items() if k not in CPU_ALLOCATOR_ENV or k not in os.environ}
-        )
+        os.environ.update(engine_environ(env, os.environ))
         from transformers import AutoTokenizer
         from vllm import AsyncEngineArgs  # pyright: ignore[reportMissingImports]  # its own venv
         from vllm.v1.engine.async_llm import AsyncLLM  # pyright: ignore[reportMissingImports]  # its own venv

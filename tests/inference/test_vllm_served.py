@@ -170,7 +170,7 @@ async def test_a_killed_role_takes_vllms_engine_processes_with_it(
     by bench/faults.py --backend vllm): its launcher's kill takes the whole tree."""
     server, _ = await start_vllm(settings, smollm2_dir, tmp_path / "logs")
     engine = engine_core_of(server.proc.pid)
-    # The allocator settings that halve a weight update's page faults reach vLLM's processes.
+    # The allocator settings that spare a weight update its page faults reach vLLM's processes.
     environ = Path(f"/proc/{engine}/environ").read_bytes().decode().split("\0")
     assert {f"{k}={v}" for k, v in CPU_ALLOCATOR_ENV.items()} <= set(environ)
     server.kill()
