@@ -18,6 +18,7 @@ from rlbus.consumers.inference.api import Delta, RequestError, SamplingParams
 from rlbus.consumers.inference.vllm_backend import (
     CPU_ALLOCATOR_ENV,
     delta_of,
+    engine_environ,
     engine_settings,
     reload_call,
     result_of,
@@ -242,6 +243,16 @@ def test_engine_settings_start_on_a_cpu_by_default() -> None:
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"  # at least one
     _, env = engine_settings(VLLMConfig(), "cpu", model_len=2048, available_bytes=100 * GIB)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "8"  # at most eight
+
+
+def test_vllms_environment_keeps_a_users_own_allocator_settings() -> None:
+    _, env = engine_settings(VLLMConfig(), "cpu", model_len=2048, available_bytes=20 * GIB)
+    user = {"MALLOC_TRIM_THRESHOLD_": "0", "VLLM_CPU_KVCACHE_SPACE": "9", "PATH": "/bin"}
+    merged = engine_environ(env, user)
+    assert merged["MALLOC_TRIM_THRESHOLD_"] == "0"  # the user's
+    assert merged["MALLOC_MMAP_THRESHOLD_"] == CPU_ALLOCATOR_ENV["MALLOC_MMAP_THRESHOLD_"]
+    assert merged["VLLM_CPU_KVCACHE_SPACE"] == env["VLLM_CPU_KVCACHE_SPACE"]  # a setting's
+    assert merged["PATH"] == "/bin"
 
 
 def test_engine_settings_on_a_gpu_and_as_configured() -> None:
