@@ -2,20 +2,22 @@
 engine, the weight update's share of a training step, and vLLM's start-up time, on one model,
 the same prompts and this machine.
 
-    python bench/vllm.py [--model DIR] [--batch 32] [--max-tokens 32] [--versions 4]
+    python bench/vllm.py [--model DIR] [--batch 32] [--max-tokens 32] [--repeats 3] [--versions 6]
 
 Needs vLLM's environment (`rlbus engine install vllm`). Parts, one after another:
 
 1. offline: vLLM's `LLM.generate` in that environment, the `--batch` prompts at once (after a
-   warm-up), EOS ignored, `--max-tokens` each: tokens/s.
+   warm-up), EOS ignored, `--max-tokens` each: tokens/s, the median of `--repeats` batches.
 2. served: `rlbus worker inference --backend vllm` as `rlbus run` starts it (engine settings at
    their defaults but for max_model_len), the same prompts as concurrent /v1/generate calls:
-   tokens/s, and start-up (process start to serving). Then `--versions` weight versions as
+   tokens/s (the median of `--repeats` batches, as offline), and start-up (process start to
+   serving). Then `--versions` weight versions as
    the trainer writes them (part 3's file) published on the bus one after another, and the
    time from each until a request is answered by it.
 3. trainer: one optimizer step of the trainer on `--batch` samples (bench/real_model.py's
    trainer part), which writes the version part 2 loads.
-4. built-in: the same calls served by `rlbus worker inference --backend hf`.
+4. built-in: the same calls served by `rlbus worker inference --backend hf` (median of
+   `--repeats`).
 
 Last line: RESULT served_vs_offline=<served tok/s / offline tok/s>
                   vllm_vs_builtin=<served vLLM tok/s / served built-in tok/s>
@@ -70,18 +72,19 @@ def main():
     params = SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
     inputs = [{"prompt_token_ids": p} for p in prompts]
     llm.generate(inputs, params, use_tqdm=False)
-    started = time.perf_counter()
-    out = llm.generate(inputs, params, use_tqdm=False)
-    seconds = time.perf_counter() - started
-    tokens = sum(len(o.outputs[0].token_ids) for o in out)
-    print("PART " + json.dumps({"tokens": tokens, "seconds": seconds}))
+    for _ in range(int(sys.argv[5])):
+        started = time.perf_counter()
+        out = llm.generate(inputs, params, use_tqdm=False)
+        seconds = time.perf_counter() - started
+        tokens = sum(len(o.outputs[0].token_ids) for o in out)
+        print("PART " + json.dumps({"tokens": tokens, "seconds": seconds}), flush=True)
 
 if __name__ == "__main__":
     main()
 """
 
 
-def offline(model: Path, batch: list[list[int]], max_tokens: int) -> float:
+def offline(model: Path, batch: list[list[int]], max_tokens: int, repeats: int) -> list[float]:
     script = Path(tempfile.mkdtemp()) / "offline.py"
     script.write_text(OFFLINE)
     argv = [engine_python(), str(script), str(model), json.dumps(batch), str(max_tokens)]
@@ -90,12 +93,12 @@ def offline(model: Path, batch: list[list[int]], max_tokens: int) -> float:
     env = engine_environ(
         engine_settings(VLLMConfig(), "cpu", MAX_MODEL_LEN, available_memory())[1], os.environ
     )
-    done = subprocess.run([*argv, str(MAX_MODEL_LEN)], stdout=subprocess.PIPE, text=True, env=env)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("PART ")]
-    if done.returncode != 0 or not lines:
+    argv += [str(MAX_MODEL_LEN), str(repeats)]
+    done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env)
+    parts = [json.loads(line[5:]) for line in done.stdout.splitlines() if line.startswith("PART ")]
+    if done.returncode != 0 or len(parts) != repeats:
         raise RuntimeError(f"vLLM's offline generate exited {done.returncode}")
-    part = json.loads(lines[-1][5:])
-    return part["tokens"] / part["seconds"]
+    return [part["tokens"] / part["seconds"] for part in parts]
 
 
 async def generate(client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int) -> dict:
@@ -107,13 +110,19 @@ async def generate(client: httpx.AsyncClient, url: str, prompt: list[int], max_t
     return response.json()
 
 
-async def served_rate(url: str, batch: list[list[int]], max_tokens: int) -> float:
+async def served_rates(
+    url: str, batch: list[list[int]], max_tokens: int, repeats: int
+) -> list[float]:
+    """Tokens/s of `repeats` batches of concurrent calls, after a warm-up batch."""
+    rates = []
     async with httpx.AsyncClient() as client:
-        await asyncio.gather(*(generate(client, url, p, max_tokens) for p in batch))  # warm-up
-        started = time.perf_counter()
-        results = await asyncio.gather(*(generate(client, url, p, max_tokens) for p in batch))
-        seconds = time.perf_counter() - started
-    return sum(len(r["completion_ids"]) for r in results) / seconds
+        await asyncio.gather(*(generate(client, url, p, max_tokens) for p in batch))
+        for _ in range(repeats):
+            started = time.perf_counter()
+            results = await asyncio.gather(*(generate(client, url, p, max_tokens) for p in batch))
+            seconds = time.perf_counter() - started
+            rates.append(sum(len(r["completion_ids"]) for r in results) / seconds)
+    return rates
 
 
 def serve(
@@ -169,7 +178,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument(
-        "--versions", type=int, default=4, help="weight versions published, one after another"
+        "--repeats", type=int, default=3, help="timed batches per engine (their median counts)"
+    )
+    parser.add_argument(
+        "--versions", type=int, default=6, help="weight versions published, one after another"
     )
     args = parser.parse_args()
     model = args.model or smollm2_dir()
@@ -178,13 +190,13 @@ def main() -> None:
         root = Path(work)
         settings = isolated_settings(broker, root, run_id="bench-vllm")
         print("offline vLLM ...", file=sys.stderr, flush=True)
-        offline_rate = offline(model, batch, args.max_tokens)
+        offline_rates = offline(model, batch, args.max_tokens, args.repeats)
         print("trainer step ...", file=sys.stderr, flush=True)
         train = trainer_step(model, args.batch, args.max_tokens, root / "ckpt")
         print("served vLLM ...", file=sys.stderr, flush=True)
         server, url, startup = serve(settings, model, "vllm", root / "logs")
         try:
-            vllm_rate = asyncio.run(served_rate(url, batch, args.max_tokens))
+            vllm_rates = asyncio.run(served_rates(url, batch, args.max_tokens, args.repeats))
             updates = asyncio.run(
                 update_seconds(settings, url, train["weights_uri"], batch[0], args.versions)
             )
@@ -193,18 +205,29 @@ def main() -> None:
         print("served built-in ...", file=sys.stderr, flush=True)
         server, url, builtin_startup = serve(settings, model, "hf", root / "logs")
         try:
-            builtin_rate = asyncio.run(served_rate(url, batch, args.max_tokens))
+            builtin_rates = asyncio.run(served_rates(url, batch, args.max_tokens, args.repeats))
         finally:
             server.stop()
     # A run loads a version every step: the share is a running engine's, the median after the
     # first (which also grows the engine's heap to what a version needs; printed apart).
     update = statistics.median(updates[1:]) if len(updates) > 1 else updates[0]
     share = (train["write_s"] + update) / train["trainer_s"] if train.get("write_s") else math.nan
+    offline_rate, vllm_rate, builtin_rate = (
+        statistics.median(rates) for rates in (offline_rates, vllm_rates, builtin_rates)
+    )
+
+    def each(rates: list[float]) -> str:
+        return ", ".join(f"{rate:.0f}" for rate in rates)
+
     print(f"model {model}, {args.batch} prompts x {args.max_tokens} new tokens (EOS ignored)")
-    print(f"vLLM offline generate   {offline_rate:8.1f} tokens/s")
-    print(f"vLLM served by rlbus    {vllm_rate:8.1f} tokens/s  (start-up {startup:.1f} s)")
+    print(f"vLLM offline generate   {offline_rate:8.1f} tokens/s  (each: {each(offline_rates)})")
     print(
-        f"built-in served         {builtin_rate:8.1f} tokens/s  (start-up {builtin_startup:.1f} s)"
+        f"vLLM served by rlbus    {vllm_rate:8.1f} tokens/s  (each: {each(vllm_rates)}; "
+        f"start-up {startup:.1f} s)"
+    )
+    print(
+        f"built-in served         {builtin_rate:8.1f} tokens/s  (each: {each(builtin_rates)}; "
+        f"start-up {builtin_startup:.1f} s)"
     )
     print(
         f"trainer step {train['trainer_s']:.2f} s; version written in {train['write_s']:.2f} s "
