@@ -258,15 +258,20 @@ async def inference_async(args: argparse.Namespace) -> dict[str, Any]:
 # ---- driver ----------------------------------------------------------------------------------
 
 
+def parts_of(stdout: str) -> list[dict[str, Any]]:
+    """The results a part's process printed, one `PART <json>` line each."""
+    return [json.loads(line[5:]) for line in stdout.splitlines() if line.startswith("PART ")]
+
+
 def run_part(part: str, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     command = [sys.executable, __file__, "--part", part, *args.forward, *extra]
     print(f"{part} part ...", file=sys.stderr, flush=True)
     # Its stderr (warnings, a traceback) goes straight to ours.
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("PART ")]
-    if done.returncode != 0 or not lines:
+    parts = parts_of(done.stdout)
+    if done.returncode != 0 or not parts:
         return {"error": f"{part} part exited {done.returncode} (its stderr is above)"}
-    return json.loads(lines[-1][5:])
+    return parts[-1]
 
 
 def ratio(a: float | None, b: float | None) -> float:

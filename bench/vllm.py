@@ -44,7 +44,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # tests/support
-from real_model import chat_prompts
+from real_model import chat_prompts, parts_of
 from support.bpe_model import smollm2_dir, smollm2_tokenizer
 from support.isolated import isolated_settings
 
@@ -95,7 +95,7 @@ def offline(model: Path, batch: list[list[int]], max_tokens: int, repeats: int) 
     )
     argv += [str(MAX_MODEL_LEN), str(repeats)]
     done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env)
-    parts = [json.loads(line[5:]) for line in done.stdout.splitlines() if line.startswith("PART ")]
+    parts = parts_of(done.stdout)
     if done.returncode != 0 or len(parts) != repeats:
         raise RuntimeError(f"vLLM's offline generate exited {done.returncode}")
     return [part["tokens"] / part["seconds"] for part in parts]
@@ -166,10 +166,10 @@ def trainer_step(model: Path, batch: int, max_tokens: int, workdir: Path) -> dic
     command += [f"--model={model}", f"--batch={batch}", f"--max-tokens={max_tokens}"]
     command += [f"--workdir={workdir}", "--trials=1", "--micro-batch-tokens=1024"]
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("PART ")]
-    if done.returncode != 0 or not lines:
+    parts = parts_of(done.stdout)
+    if done.returncode != 0 or not parts:
         raise RuntimeError(f"the trainer part exited {done.returncode}")
-    return json.loads(lines[-1][5:])
+    return parts[-1]
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlbus.bus import heap
+from rlbus.bus.waiting import wait_until
 from rlbus.config import Settings, load_settings
 from rlbus.config.runs import RunConfig
 from rlbus.environment import load_environment
@@ -44,12 +45,13 @@ async def test_a_role_returns_freed_heap_while_it_runs(
     monkeypatch.setattr(heap, "RELEASE_EVERY_S", 0.2)
     stop = asyncio.Event()
     running = asyncio.create_task(role_of(name, settings).run(stop))
+
+    def still_running() -> None:
+        assert not running.done(), f"the {name} ended before it returned freed heap 3 times"
+
     # A role starts releasing once it runs; on a loaded CI host joining its group and
     # loading its environments took most of 3 s, so the count waits on the releases, not a clock.
-    deadline = asyncio.get_running_loop().time() + 60
-    while len(trims) < 3 and asyncio.get_running_loop().time() < deadline:
-        assert not running.done(), f"the {name} ended before it returned freed heap 3 times"
-        await asyncio.sleep(0.1)
+    await wait_until(lambda: len(trims) >= 3, 60, f"the {name}'s releases", 0.1, still_running)
     assert not running.done()
     stop.set()
     await asyncio.wait_for(running, 60)
