@@ -149,12 +149,17 @@ class HostedWorker:
         code = process.wait()
         self._fail_pending(process, f"its worker exited with code {code}")
 
-    def _fail_pending(self, process: subprocess.Popen[bytes], why: str) -> None:
+    def _fail_pending(
+        self, process: subprocess.Popen[bytes], why: str, detach: bool = True
+    ) -> None:
+        """Fail the requests in flight on `process` with `why`; `detach` forgets the process
+        too (the next request starts a new one)."""
         with self._lock:
             if self._process is not process:
                 return
             pending, self._pending = self._pending, {}
-            self._process = None
+            if detach:
+                self._process = None
         error = HostedWorkerError(f"environment {self.spec.env}: {why}{self._tail()}")
         for future in pending.values():
             if not future.done():
@@ -172,7 +177,15 @@ class HostedWorker:
             os.killpg(process.pid, 9)
         except ProcessLookupError:
             pass
-        self._fail_pending(process, f"its worker {why} and was killed")
+        why = f"its worker {why} and was killed"
+        self._fail_pending(process, why, detach=False)
+        # Detached only once reaped: SIGKILL lands asynchronously, and a caller that saw the
+        # worker gone could otherwise still find it in the process table (CI did).
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self._fail_pending(process, why)
 
     def close(self) -> None:
         """End the worker: closing its stdin lets it cancel its requests and close the

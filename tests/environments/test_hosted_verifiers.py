@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ from support.runs import run_config
 
 from rlbus.bus import EmbeddedBroker
 from rlbus.bus.store import open_store
+from rlbus.bus.waiting import wait_for
 from rlbus.config import ConfigError, Settings
 from rlbus.consumers.inference.model_init import init_model
 from rlbus.environment import Environment, Scorer, load_environment
@@ -306,10 +306,9 @@ def test_a_hung_worker_is_killed_after_its_rollout_times_out(
     hung = outs["task-2"].rollout
     assert (hung.status, hung.error_kind) == ("error", "timeout")
     pid = worker.pid
-    deadline = time.monotonic() + 30
-    while worker.pid == pid and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert worker.pid != pid, "the hung worker was not killed"
+    # Looked at the moment the worker is reported gone (no pause): it is gone from the process
+    # table by then, not a zombie still being reaped.
+    wait_for(lambda: worker.pid != pid, 30, "the hung worker to be killed", interval_s=0)
     assert pid is not None and not Path(f"/proc/{pid}").exists()
     # Started again for the next rollouts.
     assert [o.rollout.status for o in asyncio.run(rollouts(env, 2))] == ["ok", "ok"]
