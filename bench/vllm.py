@@ -114,15 +114,15 @@ async def served_rates(
     url: str, batch: list[list[int]], max_tokens: int, repeats: int
 ) -> list[float]:
     """Tokens/s of `repeats` batches of concurrent calls, after a warm-up batch."""
-    rates = []
     async with httpx.AsyncClient() as client:
-        await asyncio.gather(*(generate(client, url, p, max_tokens) for p in batch))
-        for _ in range(repeats):
+
+        async def one_batch() -> float:
             started = time.perf_counter()
             results = await asyncio.gather(*(generate(client, url, p, max_tokens) for p in batch))
-            seconds = time.perf_counter() - started
-            rates.append(sum(len(r["completion_ids"]) for r in results) / seconds)
-    return rates
+            return sum(len(r["completion_ids"]) for r in results) / (time.perf_counter() - started)
+
+        await one_batch()
+        return [await one_batch() for _ in range(repeats)]
 
 
 def serve(
